@@ -1,0 +1,246 @@
+"""ModelConfig: one typed, validated description of every model aiayn builds.
+
+A config is data. It is validated at construction (one error lists every problem), round-trips through
+JSON, and comes in named presets (``ModelConfig.preset("paper-base")``). ``aiayn.build_model(config)`` is
+the only place that turns it into modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from aiayn.errors import AiaynError
+
+ARCHS = ("encoder", "decoder", "encoder-decoder")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("post", "pre")
+POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
+ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+INITS = ("paper", "gpt2")
+POOLINGS = ("cls", "mean")
+
+
+@dataclass
+class ModelConfig:
+    """Every architectural choice of an aiayn model.
+
+    Attributes (the important ones):
+        arch: "encoder" (BERT-like), "decoder" (GPT-like) or "encoder-decoder" (the paper's).
+        vocab_size: source vocabulary (and target, unless ``tgt_vocab_size`` is set).
+        d_model, n_heads, d_ff: widths. ``n_kv_heads`` < ``n_heads`` gives GQA (1 gives MQA).
+        n_layers: layers of the decoder (or of the only stack); ``n_encoder_layers`` defaults to it.
+        dropout: residual and embedding dropout (the paper's P_drop); ``attn_dropout`` on attention
+            weights, ``ffn_dropout`` on the FFN hidden activation.
+        norm_position: "post" is the paper's ``LN(x + Dropout(Sublayer(x)))``; "pre" is
+            ``x + Dropout(Sublayer(LN(x)))`` with a final norm. ``deepnorm`` scales post-LN residuals.
+        position: "sinusoidal" | "learned" (added to embeddings), "rope" (rotates q/k), "alibi" | "t5"
+            (additive attention bias), or "none".
+        tie_embeddings: output projection shares the target embedding matrix (paper section 3.4);
+        share_src_tgt_embeddings: encoder and decoder share one embedding (needs one joint vocabulary).
+    """
+
+    arch: str = "encoder-decoder"
+    vocab_size: int = 32000
+    tgt_vocab_size: int | None = None
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    n_layers: int = 6
+    n_encoder_layers: int | None = None
+    d_ff: int = 2048
+    max_len: int = 1024
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    ffn_dropout: float = 0.0
+    activation: str = "relu"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: str = "post"
+    deepnorm: bool = False
+    position: str = "sinusoidal"
+    rope_theta: float = 10000.0
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_max_len: int | None = None
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    sliding_window: int | None = None
+    bias: bool = True
+    scale_embeddings: bool = True
+    tie_embeddings: bool = True
+    share_src_tgt_embeddings: bool = True
+    init: str = "paper"
+    pad_id: int = 0
+    n_classes: int | None = None
+    n_token_labels: int | None = None
+    pooling: str = "cls"
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise AiaynError("invalid model config:\n  - " + "\n  - ".join(problems))
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``d_model // n_heads``."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads (``n_heads`` for MHA, fewer for GQA, 1 for MQA)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        """Layers in the encoder stack (encoder and encoder-decoder models)."""
+        return self.n_encoder_layers if self.n_encoder_layers is not None else self.n_layers
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Vocabulary size of the decoder / output layer."""
+        return self.tgt_vocab_size or self.vocab_size
+
+    # ------------------------------------------------------------------ validation
+    def problems(self) -> list[str]:
+        """Every problem with this config, as readable sentences (empty when valid)."""
+        p: list[str] = []
+
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            value = getattr(self, name)
+            if value not in options:
+                p.append(f"{name}={value!r} is not one of {', '.join(options)}")
+
+        choice("arch", ARCHS)
+        choice("activation", ACTIVATIONS)
+        choice("norm", NORMS)
+        choice("norm_position", NORM_POSITIONS)
+        choice("position", POSITIONS)
+        choice("rope_scaling", ROPE_SCALINGS)
+        choice("init", INITS)
+        choice("pooling", POOLINGS)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes", "n_token_labels",
+                     "rope_original_max_len"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                p.append(f"{name}={v!r} must be a positive integer or null")
+        if isinstance(self.d_model, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
+            if self.d_model % self.n_heads:
+                p.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            elif self.position == "rope" and self.head_dim % 2:
+                p.append(f"rope needs an even head width, got d_model/n_heads={self.head_dim}")
+            if self.n_kv_heads and self.n_heads % self.n_kv_heads:
+                p.append(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                p.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.norm_eps <= 0:
+            p.append(f"norm_eps={self.norm_eps} must be positive")
+        if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
+            p.append(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 when rope_scaling is set")
+        if self.deepnorm and self.norm_position != "post":
+            p.append("deepnorm=true needs norm_position='post' (DeepNorm scales post-LN residuals)")
+        if self.arch == "encoder-decoder" and self.share_src_tgt_embeddings and self.tgt_vocab_size not in (
+            None, self.vocab_size):
+            p.append("share_src_tgt_embeddings=true needs one joint vocabulary: set tgt_vocab_size=null "
+                     "or share_src_tgt_embeddings=false")
+        if self.sliding_window is not None and self.arch == "encoder":
+            p.append("sliding_window applies to causal self-attention; it is not supported for arch='encoder'")
+        if not 0 <= self.pad_id < max(self.vocab_size, 1):
+            p.append(f"pad_id={self.pad_id} must be a valid token id below vocab_size={self.vocab_size}")
+        return p
+
+    # ------------------------------------------------------------------ (de)serialization
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict."""
+        return asdict(self)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialize to JSON text; also write it to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> ModelConfig:
+        """Build from a dict; unknown keys are an error that suggests the closest known key."""
+        known = {f.name for f in fields(cls)}
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            hints = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, known, n=1)
+                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise AiaynError(f"{source}: unknown model config key(s) {', '.join(hints)}; "
+                             f"valid keys: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except TypeError as e:  # pragma: no cover - dataclass signature errors
+            raise AiaynError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> ModelConfig:
+        """Load from a JSON file path or a JSON string."""
+        source = "config"
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            path = Path(path_or_text)
+            if not path.exists():
+                raise AiaynError(f"{path}: config file not found; check the path")
+            source, text = str(path), path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise AiaynError(f"{source}:{e.lineno}: invalid JSON ({e.msg}); fix the file") from None
+        return cls.from_dict(data, source)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named preset (see ``PRESETS``), with optional field overrides."""
+        if name not in PRESETS:
+            raise AiaynError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        data = {**PRESETS[name], "name": name, **overrides}
+        return cls.from_dict(data, f"preset {name!r}")
+
+
+# Table 3 of the paper: base = N 6, d_model 512, d_ff 2048, h 8, P_drop 0.1; big = 1024/4096/16, P_drop 0.3.
+_PAPER = dict(arch="encoder-decoder", vocab_size=37000, n_layers=6, norm_position="post", norm="layernorm",
+              activation="relu", position="sinusoidal", scale_embeddings=True, tie_embeddings=True,
+              share_src_tgt_embeddings=True, init="paper", max_len=1024, norm_eps=1e-6)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper-base": {**_PAPER, "d_model": 512, "d_ff": 2048, "n_heads": 8, "dropout": 0.1},
+    "paper-big": {**_PAPER, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3},
+    "gpt2-small": dict(arch="decoder", vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
+                       max_len=1024, dropout=0.1, activation="gelu", norm="layernorm", norm_position="pre",
+                       position="learned", scale_embeddings=False, tie_embeddings=True, init="gpt2"),
+    "llama": dict(arch="decoder", vocab_size=32000, d_model=2048, n_heads=32, n_kv_heads=8, n_layers=16,
+                  d_ff=5632, max_len=2048, dropout=0.0, activation="swiglu", norm="rmsnorm", norm_eps=1e-6,
+                  norm_position="pre", position="rope", rope_theta=10000.0, bias=False,
+                  scale_embeddings=False, tie_embeddings=False, init="gpt2"),
+    "bert-base": dict(arch="encoder", vocab_size=30522, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
+                      max_len=512, dropout=0.1, activation="gelu", norm="layernorm", norm_eps=1e-12,
+                      norm_position="post", position="learned", scale_embeddings=False, tie_embeddings=True,
+                      init="gpt2", pooling="cls", n_classes=2),
+    "t5-small": dict(arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=8, n_layers=6, d_ff=2048,
+                     max_len=512, dropout=0.1, activation="relu", norm="rmsnorm", norm_eps=1e-6,
+                     norm_position="pre", position="t5", bias=False, scale_embeddings=False,
+                     tie_embeddings=True, share_src_tgt_embeddings=True, init="gpt2"),
+    "tiny": dict(arch="encoder-decoder", vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                 max_len=128, dropout=0.0),
+}

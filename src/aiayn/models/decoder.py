@@ -1,0 +1,63 @@
+"""Decoder-only models (GPT/LLaMA-like): a causal stack and a language-modeling head."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.models.heads import LMHead
+from aiayn.models.output import ModelOutput
+from aiayn.models.stack import TransformerStack
+from aiayn.nn import masks as M
+from aiayn.nn.cache import DecoderCache
+
+
+class DecoderModel(nn.Module):
+    """A causal language model. Supports a prefix-LM mask, packed documents and a KV cache."""
+
+    def __init__(self, config: ModelConfig, alpha: float = 1.0) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.decoder = TransformerStack(c, c.n_layers, self.embed, causal=True, alpha=alpha)
+        self.lm_head = LMHead(c.d_model, c.vocab_size, self.embed if c.tie_embeddings else None)
+
+    def new_cache(self, capacity: int) -> DecoderCache:
+        """An empty KV cache for up to ``capacity`` positions (it grows if exceeded)."""
+        return DecoderCache(self.config.n_layers, capacity)
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        is_token: Tensor | None = None,
+        positions: Tensor | None = None,
+        doc_ids: Tensor | None = None,
+        prefix_len: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+    ) -> ModelOutput:
+        """Next-token logits.
+
+        Args:
+            ids: (B, T) token ids.
+            is_token: (B, T) bool, False at (left) padding.
+            positions: (B|1, T) position ids (reset per document when packing; shifted for left padding).
+            doc_ids: (B, T) document id per token for packed sequences: attention stays inside a document.
+            prefix_len: (B,) long: the first prefix_len tokens attend bidirectionally (prefix-LM).
+            cache: KV cache for incremental decoding (see :meth:`new_cache`).
+            return_weights: include per-layer attention weights under ``attentions["self"]``.
+        Returns:
+            logits (B, T, V).
+        """
+        if (doc_ids is not None or prefix_len is not None) and cache is not None and cache.length:
+            raise ValueError("doc_ids and prefix_len apply to the first (prompt) chunk only, not to later steps")
+        attn_mask = None
+        if doc_ids is not None:
+            attn_mask = M.document_mask(doc_ids)
+        if prefix_len is not None:
+            attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
+        h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
+                            return_weights=return_weights)
+        return ModelOutput(self.lm_head(h), h, {"self": w["self"]} if w else None)

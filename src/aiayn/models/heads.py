@@ -1,0 +1,72 @@
+"""Output heads: language modeling, masked-LM, sequence classification and token classification."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.nn.norms import build_norm
+
+
+class LMHead(nn.Module):
+    """Hidden states -> vocabulary logits; the weight may be tied to an embedding (paper section 3.4)."""
+
+    def __init__(self, d_model: int, vocab_size: int, tied_to: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=False)
+        if tied_to is not None:
+            self.proj.weight = tied_to.weight
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V)."""
+        return self.proj(h)
+
+
+class MLMHead(nn.Module):
+    """BERT's masked-LM head: dense + GELU + norm, then the (tied) vocabulary projection with a bias."""
+
+    def __init__(self, d_model: int, vocab_size: int, norm: str = "layernorm", eps: float = 1e-5,
+                 tied_to: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = build_norm(norm, d_model, eps)
+        self.decoder = LMHead(d_model, vocab_size, tied_to)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V)."""
+        return self.decoder(self.norm(F.gelu(self.dense(h)))) + self.bias
+
+
+class ClassificationHead(nn.Module):
+    """Pool a sequence (first token or mean of real tokens), then dense + tanh + dropout + linear."""
+
+    def __init__(self, d_model: int, n_classes: int, pooling: str = "cls", dropout: float = 0.1) -> None:
+        super().__init__()
+        self.pooling = pooling
+        self.dense = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(d_model, n_classes)
+
+    def forward(self, h: Tensor, is_token: Tensor) -> Tensor:
+        """h (B, T, D), is_token (B, T) bool -> logits (B, n_classes)."""
+        if self.pooling == "mean":
+            w = is_token.to(h.dtype)[..., None]  # (B, T, 1)
+            pooled = (h * w).sum(1) / w.sum(1).clamp(min=1.0)
+        else:
+            pooled = h[:, 0]
+        return self.out(self.dropout(self.dense(pooled).tanh()))
+
+
+class TokenClassificationHead(nn.Module):
+    """Per-token labels (tagging): dropout + linear."""
+
+    def __init__(self, d_model: int, n_labels: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(d_model, n_labels)
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h (B, T, D) -> logits (B, T, n_labels)."""
+        return self.out(self.dropout(h))

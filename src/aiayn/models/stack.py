@@ -1,0 +1,127 @@
+"""A stack of Transformer layers with its embeddings, positions and masks: the body of every model.
+
+The encoder is a non-causal stack; the decoder is a causal stack, with cross-attention when it serves an
+encoder-decoder model. All mask and position logic lives here, once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.nn import masks as M
+from aiayn.nn.cache import DecoderCache
+from aiayn.nn.layers import TransformerLayer
+from aiayn.nn.norms import build_norm
+from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, SinusoidalPositions, T5RelativeBias
+
+
+class TransformerStack(nn.Module):
+    """Embeddings + positions + N layers (+ final norm for pre-LN).
+
+    Args:
+        config: the model config.
+        n_layers: number of layers.
+        embedding: token embedding (V, D), possibly shared with another stack or the output layer.
+        causal: causal self-attention (decoders).
+        cross: layers attend to an encoder memory.
+        alpha: DeepNorm residual scale.
+    """
+
+    def __init__(self, config: ModelConfig, n_layers: int, embedding: nn.Embedding, *, causal: bool,
+                 cross: bool = False, alpha: float = 1.0) -> None:
+        super().__init__()
+        c = config
+        self.config, self.causal, self.cross = c, causal, cross
+        self.embed = embedding
+        self.embed_scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
+        self.abs_pos: nn.Module | None = {
+            "sinusoidal": lambda: SinusoidalPositions(c.d_model, c.max_len),
+            "learned": lambda: LearnedPositions(c.d_model, c.max_len),
+        }.get(c.position, lambda: None)()
+        self.rotary = (RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, c.rope_scaling_factor,
+                                       c.rope_original_max_len or c.max_len) if c.position == "rope" else None)
+        self.pos_bias: nn.Module | None = None
+        if c.position == "alibi":
+            self.pos_bias = ALiBi(c.n_heads)
+        elif c.position == "t5":
+            self.pos_bias = T5RelativeBias(c.n_heads, c.t5_num_buckets, c.t5_max_distance, bidirectional=not causal)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(TransformerLayer(c, cross=cross, alpha=alpha) for _ in range(n_layers))
+        self.final_norm = (build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
+                           if c.norm_position == "pre" else nn.Identity())
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        is_token: Tensor | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_is_token: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
+        """Run the stack.
+
+        Args:
+            ids: (B, T) token ids.
+            is_token: (B, T) bool, False at padding (keys at padding are never attended). Encoders infer it from
+                ``pad_id`` when omitted; decoders assume no padding (right padding needs none under a causal mask).
+            positions: (B|1, T) position ids; default ``cache.length + arange(T)``.
+            attn_mask: a self-attention mask that replaces the causal one (e.g. prefix-LM or document mask,
+                which encode causality themselves), bool broadcastable to (B, 1, T, S).
+            memory: (B, S_src, D) encoder output (cross-attention stacks).
+            memory_is_token: (B, S_src) bool, False at source padding.
+            cache: a :class:`DecoderCache` for incremental decoding (causal stacks).
+            return_weights: collect per-layer attention weights.
+        Returns:
+            hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
+        """
+        b, t = ids.shape
+        c = self.config
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
+        if is_token is None and not self.causal:
+            is_token = ids != c.pad_id
+        key_is_token, key_pos = is_token, positions
+        if cache is not None:
+            new_is_token = is_token if is_token is not None else torch.ones(b, t, dtype=torch.bool,
+                                                                              device=ids.device)
+            key_is_token, key_pos = cache.extend(new_is_token, positions.expand(b, t))
+        s = key_pos.shape[1]
+
+        # ---- self-attention mask: causal / window / padding / extra, as one bool mask or the causal fast path
+        mask = attn_mask
+        if key_is_token is not None and not bool(key_is_token.all()):
+            mask = M.combine(mask, M.padding_mask(key_is_token))
+        if self.causal and c.sliding_window is not None and s > c.sliding_window:
+            mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
+        is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
+        bias = self.pos_bias(positions, key_pos) if self.pos_bias is not None else None
+        rotary = self.rotary(positions) if self.rotary is not None else None
+        memory_mask = (M.padding_mask(memory_is_token)
+                       if memory_is_token is not None and not bool(memory_is_token.all()) else None)
+
+        x = self.embed(ids) * self.embed_scale  # (B, T, D)
+        if self.abs_pos is not None:
+            x = x + self.abs_pos(positions).to(x.dtype)
+        x = self.dropout(x)
+        weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
+        for i, layer in enumerate(self.layers):
+            x, w_self, w_cross = layer(
+                x, mask=mask, bias=bias, rotary=rotary, is_causal=is_causal, memory=memory,
+                memory_mask=memory_mask,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None and cache.cross_attn else None,
+                return_weights=return_weights)
+            if weights is not None:
+                weights["self"].append(w_self)
+                if w_cross is not None:
+                    weights["cross"].append(w_cross)
+        return self.final_norm(x), weights

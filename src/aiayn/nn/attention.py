@@ -1,0 +1,199 @@
+"""One attention function and one multi-head attention module for every family.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + bias, masked) V          (paper eq. 1)
+
+Encoder self-attention, decoder causal self-attention and encoder-decoder cross-attention all call
+:func:`scaled_dot_product_attention`; what differs is the mask and where K and V come from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
+from aiayn.nn.positions import apply_rotary
+
+BACKENDS = ("auto", "reference", "sdpa")
+
+
+def _expand_kv(x: Tensor, n_heads: int) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, H, S, Dh): each key/value head serves H/Hkv query heads (GQA/MQA)."""
+    b, hkv, s, dh = x.shape
+    if hkv == n_heads:
+        return x
+    return x[:, :, None].expand(b, hkv, n_heads // hkv, s, dh).reshape(b, n_heads, s, dh)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_weights: bool = False,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T * scale + bias, masked) v.
+
+    Args:
+        q: (B, H, T, Dh) queries.
+        k, v: (B, Hkv, S, Dh) keys and values; H must be a multiple of Hkv (GQA/MQA).
+        mask: bool, broadcastable to (B, H, T, S); True = may attend. A query row with no allowed key
+            yields zeros (and zero weights), never NaN.
+        bias: float, broadcastable to (B, H, T, S), added to the scores (ALiBi, T5).
+        dropout_p: dropout on the attention weights (pass 0.0 at evaluation).
+        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel), or
+            "auto" (sdpa unless weights are requested).
+        return_weights: also return the (B, H, T, S) attention weights (forces the reference backend).
+        is_causal: apply a causal mask with queries aligned to the end of the keys (T <= S), in addition
+            to ``mask``; lets sdpa use its fast causal path when there is no other mask.
+        scale: score scale, default 1/sqrt(Dh).
+    Returns:
+        out (B, H, T, Dh) and weights (B, H, T, S) or None.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
+    n_heads, t, s = q.shape[1], q.shape[2], k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if is_causal and (mask is not None or bias is not None or t != s or return_weights
+                      or backend == "reference"):
+        from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
+
+        causal = causal_mask(t, s, device=q.device)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    empty_rows = None
+    if mask is not None:
+        empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1): rows with no allowed key
+        if not bool(empty_rows.any()):
+            empty_rows = None
+        else:  # let those rows attend everywhere (finite math, no NaN); their output is zeroed below
+            mask = mask | empty_rows
+    k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
+
+    if return_weights or backend == "reference":
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+        if bias is not None:
+            scores = scores + bias
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        if mask is not None:
+            weights = weights * mask  # masked weights are exactly 0
+        if empty_rows is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+        dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+        out = torch.matmul(dropped, v)  # (B, H, T, Dh)
+        return out, (weights if return_weights else None)
+
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(q.dtype).min)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale)
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+    return out, None
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- and cross-attention; ``n_kv_heads`` gives MHA, GQA or MQA.
+
+    MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Self-attention projects Q, K and V with one fused matmul (``qkv_proj``); cross-attention projects Q
+    from the decoder (``q_proj``) and K, V from the encoder memory with one fused matmul (``kv_proj``).
+
+    Args:
+        d_model: model width D.
+        n_heads: query heads H; head width Dh = D / H unless ``head_dim`` is given.
+        n_kv_heads: key/value heads Hkv (default H).
+        cross: build for cross-attention.
+        bias: biases on the projections.
+        dropout: dropout on attention weights.
+        scale: score scale (default 1/sqrt(Dh); T5 uses 1.0).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, cross: bool = False,
+                 bias: bool = True, dropout: float = 0.0, head_dim: int | None = None,
+                 scale: float | None = None) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
+        self.head_dim = head_dim or d_model // n_heads
+        self.cross, self.dropout, self.scale = cross, dropout, scale
+        self.backend = "auto"
+        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        if cross:
+            self.q_proj = nn.Linear(d_model, q_width, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_width, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
+        self.out_proj = nn.Linear(q_width, d_model, bias=bias)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B, T, n*Dh) -> (B, n, T, Dh)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        cache: SelfAttnCache | CrossAttnCache | None = None,
+        is_causal: bool = False,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` to itself (self) or to ``memory`` (cross).
+
+        Args:
+            x: (B, T, D) query source (and key/value source for self-attention).
+            memory: (B, S, D) key/value source for cross-attention; may be None when ``cache`` already holds
+                the projected memory.
+            mask: bool broadcastable to (B, H, T, S), True = may attend. With a self-attention cache, S is the
+                cached length including the T new positions.
+            bias: float additive bias broadcastable to (B, H, T, S).
+            rotary: (cos, sin) each (B|1, T, Dh) for the positions of ``x``; rotates q and k (self only).
+            cache: a :class:`SelfAttnCache` (new k/v appended, attention over all cached keys) or a
+                :class:`CrossAttnCache` (memory projected once, reused at every step).
+            is_causal: causal masking with queries aligned to the end of the keys.
+            return_weights: also return the attention weights (B, H, T, S).
+        Returns:
+            (B, T, D) output and the weights or None.
+        """
+        b, t, _ = x.shape
+        hq, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.cross:
+            q = self._heads(self.q_proj(x), hq)
+            if isinstance(cache, CrossAttnCache) and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs `memory` (or a filled CrossAttnCache)")
+                k, v = self.kv_proj(memory).split(hkv * dh, dim=-1)  # (B, S, Hkv*Dh) each
+                k, v = self._heads(k, hkv), self._heads(v, hkv)
+                if isinstance(cache, CrossAttnCache):
+                    cache.k, cache.v = k, v
+        else:
+            q, k, v = self.qkv_proj(x).split([hq * dh, hkv * dh, hkv * dh], dim=-1)
+            q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
+            if rotary is not None:
+                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            if isinstance(cache, SelfAttnCache):
+                k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
+        out = out.transpose(1, 2).reshape(b, t, hq * dh)  # (B, H, T, Dh) -> (B, T, H*Dh)
+        return self.out_proj(out), weights

@@ -1,0 +1,100 @@
+"""One Transformer layer for every family, and the residual wiring around each sublayer.
+
+Post-LN (the paper):  x = LN(alpha * x + Dropout(Sublayer(x)))      alpha = 1 unless DeepNorm
+Pre-LN:               x = x + Dropout(Sublayer(LN(x)))              (with a final LN after the stack)
+
+An encoder layer is self-attention + FFN; a decoder layer adds cross-attention between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
+from aiayn.nn.feedforward import FeedForward
+from aiayn.nn.norms import build_norm
+
+
+class Residual(nn.Module):
+    """Wraps a sublayer with dropout, the residual connection and a norm (post- or pre-)."""
+
+    def __init__(self, config: ModelConfig, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.pre = config.norm_position == "pre"
+        self.alpha = alpha
+        self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, Tensor | None]]
+                ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D) -> (B, T, D), plus whatever second value the sublayer returns (attention weights)."""
+        if self.pre:
+            y, extra = sublayer(self.norm(x))
+            return x + self.dropout(y), extra
+        y, extra = sublayer(x)
+        return self.norm(self.alpha * x + self.dropout(y)), extra
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention, optional cross-attention, and a feed-forward network, each in a :class:`Residual`.
+
+    Args:
+        config: the model config.
+        cross: add encoder-decoder attention (decoder layers of an encoder-decoder model).
+        alpha: DeepNorm residual scale (1.0 otherwise).
+    """
+
+    def __init__(self, config: ModelConfig, cross: bool = False, alpha: float = 1.0) -> None:
+        super().__init__()
+        c = config
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, bias=c.bias,
+                                            dropout=c.attn_dropout, scale=1.0 if c.position == "t5" else None)
+        self.self_res = Residual(c, alpha)
+        self.cross_attn = (MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, cross=True, bias=c.bias,
+                                              dropout=c.attn_dropout, scale=1.0 if c.position == "t5" else None)
+                           if cross else None)
+        self.cross_res = Residual(c, alpha) if cross else None
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_dropout, c.bias)
+        self.ffn_res = Residual(c, alpha)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        is_causal: bool = False,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        self_cache: SelfAttnCache | None = None,
+        cross_cache: CrossAttnCache | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One layer.
+
+        Args:
+            x: (B, T, D) input.
+            mask: self-attention mask, bool broadcastable to (B, H, T, S).
+            bias: self-attention additive bias (B|1, H, T, S).
+            rotary: RoPE (cos, sin) for the positions of ``x``.
+            is_causal: causal self-attention (fast path when ``mask`` is None).
+            memory: (B, S_src, D) encoder output, for cross-attention.
+            memory_mask: cross-attention mask broadcastable to (B, H, T, S_src).
+            self_cache / cross_cache: KV caches for incremental decoding.
+        Returns:
+            (B, T, D) output, self-attention weights, cross-attention weights (None unless requested).
+        """
+        x, w_self = self.self_res(x, lambda h: self.self_attn(
+            h, mask=mask, bias=bias, rotary=rotary, cache=self_cache, is_causal=is_causal,
+            return_weights=return_weights))
+        w_cross = None
+        if self.cross_attn is not None:
+            x, w_cross = self.cross_res(x, lambda h: self.cross_attn(
+                h, memory, mask=memory_mask, cache=cross_cache, return_weights=return_weights))
+        x, _ = self.ffn_res(x, lambda h: (self.ffn(h), None))
+        return x, w_self, w_cross
