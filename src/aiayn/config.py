@@ -126,28 +126,39 @@ class ModelConfig:
         choice("rope_scaling", ROPE_SCALINGS)
         choice("init", INITS)
         choice("pooling", POOLINGS)
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "t5_num_buckets",
+                     "t5_max_distance"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) \
+                    or getattr(self, name) < 1:
                 p.append(f"{name}={getattr(self, name)!r} must be a positive integer")
         for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes", "n_token_labels",
                      "rope_original_max_len"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 p.append(f"{name}={v!r} must be a positive integer or null")
-        if isinstance(self.d_model, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
+        if isinstance(self.d_model, int) and isinstance(self.n_heads, int) and self.n_heads > 0 \
+                and isinstance(self.n_kv_heads, (int, type(None))):
             if self.d_model % self.n_heads:
                 p.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
             elif self.position == "rope" and self.head_dim % 2:
                 p.append(f"rope needs an even head width, got d_model/n_heads={self.head_dim}")
             if self.n_kv_heads and self.n_heads % self.n_kv_heads:
                 p.append(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        def number(name: str) -> bool:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                p.append(f"{name}={value!r} must be a number")
+                return False
+            return True
+
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+            if number(name) and not 0.0 <= getattr(self, name) < 1.0:
                 p.append(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if self.norm_eps <= 0:
+        if number("norm_eps") and self.norm_eps <= 0:
             p.append(f"norm_eps={self.norm_eps} must be positive")
-        if self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
+        if number("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
             p.append(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 when rope_scaling is set")
+        number("rope_theta")
         if self.deepnorm and self.norm_position != "post":
             p.append("deepnorm=true needs norm_position='post' (DeepNorm scales post-LN residuals)")
         if self.arch == "encoder-decoder" and self.share_src_tgt_embeddings and self.tgt_vocab_size not in (
@@ -156,7 +167,8 @@ class ModelConfig:
                      "or share_src_tgt_embeddings=false")
         if self.sliding_window is not None and self.arch == "encoder":
             p.append("sliding_window applies to causal self-attention; it is not supported for arch='encoder'")
-        if not 0 <= self.pad_id < max(self.vocab_size, 1):
+        if not isinstance(self.pad_id, int) or (isinstance(self.vocab_size, int)
+                                                and not 0 <= self.pad_id < max(self.vocab_size, 1)):
             p.append(f"pad_id={self.pad_id} must be a valid token id below vocab_size={self.vocab_size}")
         return p
 
@@ -210,12 +222,12 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+    def preset(cls, preset: str, /, **overrides: Any) -> ModelConfig:
         """A named preset (see ``PRESETS``), with optional field overrides."""
-        if name not in PRESETS:
-            raise AiaynError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        data = {**PRESETS[name], "name": name, **overrides}
-        return cls.from_dict(data, f"preset {name!r}")
+        if preset not in PRESETS:
+            raise AiaynError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        data = {**PRESETS[preset], "name": preset, **overrides}
+        return cls.from_dict(data, f"preset {preset!r}")
 
 
 # Table 3 of the paper: base = N 6, d_model 512, d_ff 2048, h 8, P_drop 0.1; big = 1024/4096/16, P_drop 0.3.

@@ -84,7 +84,7 @@ def scaled_dot_product_attention(
             scores = scores + bias
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         if mask is not None:
             weights = weights * mask  # masked weights are exactly 0
         if empty_rows is not None:

@@ -1,0 +1,187 @@
+"""Subcommands of ``aiayn``. Each registers ``setup(parser)`` that adds its arguments and sets ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from aiayn.errors import AiaynError
+
+REGISTRY: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
+
+
+def command(name: str, help_text: str):
+    """Register a subcommand's parser setup."""
+    def register(setup: Callable[[argparse.ArgumentParser], None]):
+        REGISTRY[name] = (help_text, setup)
+        return setup
+    return register
+
+
+def _read_input(path: str | None) -> list[str]:
+    if path is None or path == "-":
+        return [line.rstrip("\n") for line in sys.stdin]
+    from aiayn.data.text_io import read_lines
+
+    return read_lines(path)
+
+
+def _device(name: str):
+    from aiayn.train.trainer import pick_device
+
+    return pick_device(name)
+
+
+# ---------------------------------------------------------------------------------------------- train
+@command("train", "Train a model from a recipe (TOML), with section.key=value overrides.")
+def _train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe file, e.g. recipes/multi30k-en-de.toml")
+    p.add_argument("overrides", nargs="*", help="overrides such as train.max_steps=200 model.d_model=256")
+    p.add_argument("--resume", action="store_true", help="continue the run in train.out_dir from its last/ checkpoint")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.tasks.registry import run_recipe
+
+        run_recipe(args.recipe, args.overrides, resume=args.resume)
+        return 0
+
+    p.set_defaults(run=run)
+
+
+# ---------------------------------------------------------------------------------------------- translate
+@command("translate", "Translate sentences (a file or stdin, one per line) with beam search.")
+def _translate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. runs/demo/best)")
+    p.add_argument("--input", "-i", help="source file (plain or .gz); default stdin")
+    p.add_argument("--output", "-o", help="output file; default stdout")
+    p.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's, usually 4)")
+    p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty alpha (default 0.6)")
+    p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import load_pretrained
+        from aiayn.tasks.translation import translate_texts
+
+        pre = load_pretrained(args.checkpoint, _device(args.device))
+        if pre.task != "translation":
+            raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; translate needs a translation model")
+        dec = pre.meta.get("decode", {})
+        lines = _read_input(args.input)
+        if pre.meta.get("lowercase"):
+            lines = [x.lower() for x in lines]
+        outs = translate_texts(pre.model, pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
+                               beam=args.beam or dec.get("beam", 4),
+                               alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
+                               max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
+                               batch_size=args.batch_size, n_best=args.n_best)
+        text = [o if isinstance(o, str) else " ||| ".join(o) for o in outs]
+        _write_output(args.output, text)
+        return 0
+
+    p.set_defaults(run=run)
+
+
+def _write_output(path: str | None, lines: list[str]) -> None:
+    if path is None or path == "-":
+        for line in lines:
+            print(line)
+        return
+    from aiayn.data.text_io import write_lines
+
+    write_lines(path, lines)
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+@command("evaluate", "Score a checkpoint: BLEU/chrF for translation (more tasks: see --help of each option).")
+def _evaluate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--src", help="source file (translation)")
+    p.add_argument("--ref", help="reference file (translation)")
+    p.add_argument("--hyp-out", help="also write the translations here")
+    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--alpha", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import load_pretrained
+
+        pre = load_pretrained(args.checkpoint, _device(args.device))
+        if pre.task == "translation":
+            return _evaluate_translation(pre, args)
+        raise AiaynError(f"{args.checkpoint}: evaluation of {pre.task!r} checkpoints is not supported yet")
+
+    p.set_defaults(run=run)
+
+
+def _evaluate_translation(pre, args: argparse.Namespace) -> int:
+    import json
+
+    from aiayn.data.text_io import read_lines
+    from aiayn.evaluate.bleu import corpus_bleu, corpus_chrf, tokenized_lowercase_bleu
+    from aiayn.tasks.translation import translate_texts
+
+    if not args.src or not args.ref:
+        raise AiaynError("translation evaluation needs --src FILE and --ref FILE")
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
+    if pre.meta.get("lowercase"):
+        src = [x.lower() for x in src]
+    dec = pre.meta.get("decode", {})
+    hyps = translate_texts(pre.model, pre.tokenizers["src"], pre.tokenizers["tgt"], src,
+                           beam=args.beam or dec.get("beam", 4),
+                           alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
+                           max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
+                           batch_size=args.batch_size)
+    if args.hyp_out:
+        _write_output(args.hyp_out, hyps)
+    bleu, tok_bleu, chrf = corpus_bleu(hyps, ref), tokenized_lowercase_bleu(hyps, ref), corpus_chrf(hyps, ref)
+    result = {"sacrebleu": round(bleu.score, 2), "sacrebleu_signature": bleu.signature,
+              "tokenized_lowercase_bleu": round(tok_bleu.score, 2), "tokenized_signature": tok_bleu.signature,
+              "chrf": round(chrf.score, 2), "chrf_signature": chrf.signature, "sentences": len(src)}
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- demo
+@command("demo", "Offline demos: 'translation' (default; a synthetic En->De grammar) or 'copy'.")
+def _demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", nargs="?", default="translation", choices=["translation", "copy"])
+    p.add_argument("--out", default=None, help="output directory (default runs/demo or runs/copy)")
+    p.add_argument("--seed", type=int, default=1)
+
+    def run(args: argparse.Namespace) -> int:
+        if args.which == "copy":
+            from aiayn.demos.copy_task import run_copy_demo
+
+            metrics = run_copy_demo(args.out or "runs/copy", seed=args.seed)
+            return 0 if metrics["exact_match"] == 1.0 else 1
+        from aiayn.demos.translation import run_translation_demo
+
+        metrics = run_translation_demo(args.out or "runs/demo", seed=args.seed)
+        return 0 if metrics["exact_match"] >= 0.95 else 1
+
+    p.set_defaults(run=run)
+
+
+# ---------------------------------------------------------------------------------------------- data
+@command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k (sha256-checked).")
+def _data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["download"])
+    p.add_argument("dataset", choices=["multi30k"])
+    p.add_argument("--dest", default="data/multi30k", help="destination folder")
+    p.add_argument("--base-url", default=None, help="mirror URL (http(s):// or file://) holding the same files")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.data.download import download_multi30k
+
+        for path in download_multi30k(Path(args.dest), base_url=args.base_url):
+            print(path)
+        return 0
+
+    p.set_defaults(run=run)

@@ -1,0 +1,41 @@
+"""The ``aiayn`` command line. Every subcommand has ``--help``; user errors print one line, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from aiayn.errors import AiaynError
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered by the ``aiayn.cli`` modules."""
+    from aiayn.cli import commands
+    from aiayn.cli import lm_commands  # noqa: F401  (registers generate and classify)
+
+    parser = argparse.ArgumentParser(
+        prog="aiayn",
+        description="The Transformer of 'Attention Is All You Need' and its family: train, decode, evaluate.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, setup) in commands.REGISTRY.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        setup(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse arguments, run the subcommand, turn user errors into a message and exit code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except AiaynError as e:
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"aiayn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

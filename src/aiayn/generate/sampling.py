@@ -1,0 +1,104 @@
+"""Token-by-token decoding (greedy or sampled), one loop for every model behind a :class:`Stepper`.
+
+Each row stops on its own at a stop id (or at its length limit); the loop ends when every row has stopped,
+checked with a single ``.all()`` per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from aiayn.generate.common import force_token, next_log_probs
+from aiayn.generate.filtering import filter_logits
+from aiayn.generate.steppers import Stepper
+
+Chooser = Callable[[Tensor], Tensor]  # log-probs (N, V) -> chosen ids (N,)
+
+
+def greedy_choice(logp: Tensor) -> Tensor:
+    """The most likely token of each row: logp (N, V) -> (N,) long."""
+    return logp.argmax(dim=-1)
+
+
+def make_sampler(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None) -> Chooser:
+    """A chooser that samples from softmax(filter(logp / temperature)).
+
+    Args:
+        temperature: > 0; below 1 sharpens, above 1 flattens the distribution.
+        top_k: keep only the k most likely tokens (see :func:`filter_logits`).
+        top_p: keep only the nucleus of mass top_p.
+        generator: random source (seeded for reproducible samples).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 for sampling (use greedy_choice for 0)")
+
+    def choose(logp: Tensor) -> Tensor:
+        probs = filter_logits(logp / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return choose
+
+
+def decode_loop(
+    stepper: Stepper,
+    choose: Chooser,
+    max_steps: Tensor,
+    *,
+    stop_ids: Sequence[int],
+    force_stop_id: int | None = None,
+    banned_ids: Sequence[int] = (),
+    pad_id: int = 0,
+    on_token: Callable[[int, int], None] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Decode one token per row per step until every row has stopped.
+
+    Args:
+        stepper: the model behind the step interface; ``first()`` fixes the number of rows N.
+        choose: picks a token per row from the log-probs, e.g. :func:`greedy_choice` or :func:`make_sampler`.
+        max_steps: (N,) long, the most tokens (stop ids excluded) each row may produce.
+        stop_ids: ids that end a row; they are not part of its output.
+        force_stop_id: when given, a row that has produced ``max_steps`` tokens must produce this id next
+            (so every output ends with it and its probability counts in the log-prob); otherwise the row ends.
+        banned_ids: ids never produced (e.g. PAD, BOS).
+        pad_id: filler after a row's end in the returned tokens.
+        on_token: streaming callback ``on_token(row, token_id)`` for every output token as it is produced
+            (costs one host sync per step).
+    Returns:
+        tokens (N, L) long (row i's output is ``tokens[i, :lengths[i]]``), lengths (N,) long, and logprob (N,)
+        float32: the sum of the log-probs of the output tokens and of the stop token that ended the row.
+    """
+    logits = stepper.first()
+    n, device = logits.shape[0], logits.device
+    max_steps = max_steps.to(device)
+    total = int(max_steps.max()) + (1 if force_stop_id is not None else 0)
+    out = torch.full((n, max(total, 1)), pad_id, dtype=torch.long, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    logprob = torch.zeros(n, dtype=torch.float32, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    for t in range(total):
+        logp = next_log_probs(logits, banned_ids)  # (N, V)
+        if force_stop_id is not None:
+            logp = force_token(logp, max_steps == t, force_stop_id)
+        tok = choose(logp)  # (N,)
+        active = ~finished
+        logprob += torch.where(active, logp.gather(1, tok[:, None]).squeeze(1), 0.0)
+        is_stop = torch.isin(tok, stop)
+        emit = active & ~is_stop
+        out[:, t] = torch.where(emit, tok, pad_id)
+        lengths += emit.long()
+        finished = finished | is_stop
+        if force_stop_id is None:
+            finished = finished | (max_steps <= t + 1)
+        if on_token is not None:
+            rows = emit.nonzero().squeeze(1)
+            for row, token in zip(rows.tolist(), tok[rows].tolist()):
+                on_token(row, token)
+        if t + 1 == total or bool(finished.all()):
+            break
+        logits = stepper.step(tok)
+    return out, lengths, logprob

@@ -1,0 +1,137 @@
+"""The one interface every decoding strategy drives: a *stepper* turns chosen tokens into next-token logits.
+
+Greedy search, sampling and beam search never touch a model directly. They call
+
+- ``first()``: logits (N0, V) for the first new token (seq2seq: encode the source once and feed BOS;
+  decoder-only: prefill the whole prompt),
+- ``step(tokens)``: feed one token per row (N,) and get logits (N, V) for the next one, using the KV cache,
+- ``reorder(index)``: keep/duplicate/permute rows (N',) long: beam expansion after the first step, beam
+  reordering, dropping finished sentences.
+
+So the same search code decodes decoder-only and encoder-decoder models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.models.decoder import DecoderModel
+from aiayn.models.seq2seq import EncoderDecoderModel
+
+
+class Stepper(Protocol):
+    """What a search strategy needs from a model (see the module docstring)."""
+
+    def first(self) -> Tensor:
+        """Logits (N0, V) for the first generated token."""
+        ...
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (N,) long, one per row -> next-token logits (N, V)."""
+        ...
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (N',) long (may repeat rows, e.g. to expand to beams)."""
+        ...
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore the training flag."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class Seq2SeqStepper:
+    """Encoder-decoder stepper: encodes the source once; the decoder then runs one token at a time.
+
+    The cross-attention keys/values are projected from the memory on the first step and kept in the cache,
+    so later steps need only the source padding flags.
+
+    Args:
+        model: the encoder-decoder model.
+        src: (B, S) source ids, right-padded with ``pad_id``.
+        capacity: decoder cache capacity (max decoder steps); the cache grows if exceeded.
+        bos_id: the decoder's start token.
+        src_is_token: (B, S) bool, default ``src != pad_id``.
+    """
+
+    def __init__(self, model: EncoderDecoderModel, src: Tensor, capacity: int, bos_id: int = 1,
+                 src_is_token: Tensor | None = None) -> None:
+        self.model, self.bos_id = model, bos_id
+        self.memory: Tensor | None
+        self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (B, S)
+        self.cache = model.new_cache(capacity)
+
+    def first(self) -> Tensor:
+        """Feed BOS to every sentence: logits (B, V)."""
+        b = self.src_is_token.shape[0]
+        bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=self.src_is_token.device)
+        logits = self.model.decode(bos, self.memory, self.src_is_token, cache=self.cache).logits
+        self.memory = None  # projected into the cross-attention cache; no longer needed
+        return logits[:, -1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (N,) -> logits (N, V)."""
+        out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
+        return out.logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (N',) of the cache and the source padding flags."""
+        self.cache.reorder(index)
+        self.src_is_token = self.src_is_token.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+
+
+class LMStepper:
+    """Decoder-only stepper: prefills a left-padded prompt batch, then feeds one token per step.
+
+    Position ids count real tokens only (``cumsum(is_token) - 1``, clamped at 0 on the padding), so a
+    left-padded prompt sees the same positions as it would alone; padding keys are masked by the cache's
+    key mask.
+
+    Args:
+        model: the decoder-only model.
+        ids: (B, P) prompt ids, left-padded.
+        is_token: (B, P) bool, False on the padding.
+        capacity: cache capacity (prompt + new tokens); the cache grows if exceeded.
+        prefix_lm: the prompt block is a bidirectional prefix (prefix-LM). With left padding every prompt
+            ends at column P - 1, so a prefix of P columns (padding included, and masked) is each prompt.
+    """
+
+    def __init__(self, model: DecoderModel, ids: Tensor, is_token: Tensor, capacity: int,
+                 prefix_lm: bool = False) -> None:
+        self.model, self.ids, self.is_token, self.prefix_lm = model, ids, is_token, prefix_lm
+        self.cache = model.new_cache(capacity)
+        self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
+
+    def first(self) -> Tensor:
+        """Prefill the prompts: logits (B, V) after the last prompt token."""
+        b, p = self.ids.shape
+        positions = (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
+        prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
+        out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
+                         cache=self.cache)
+        return out.logits[:, -1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (N,) -> logits (N, V)."""
+        out = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache)
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (N',) of the cache and the position counters."""
+        self.cache.reorder(index)
+        self.next_pos = self.next_pos.index_select(0, index)

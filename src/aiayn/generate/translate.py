@@ -1,0 +1,122 @@
+"""Translation with an encoder-decoder model: beam search (the paper's decoding) and greedy search.
+
+Paper section 6.1: "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the
+maximum output length during inference to input length + 50, but terminate early when possible."
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aiayn.errors import AiaynError
+from aiayn.generate.beam import beam_search
+from aiayn.generate.common import Hypothesis, length_penalty
+from aiayn.generate.sampling import decode_loop, greedy_choice
+from aiayn.generate.steppers import Seq2SeqStepper, eval_mode
+from aiayn.models.seq2seq import EncoderDecoderModel
+
+
+def _check_model(model: object) -> EncoderDecoderModel:
+    if not isinstance(model, EncoderDecoderModel):
+        raise AiaynError(f"translation needs an encoder-decoder model, got {type(model).__name__}; "
+                         "use aiayn.generate.generate() for decoder-only models")
+    return model
+
+
+def max_output_lengths(model: EncoderDecoderModel, src: Tensor, max_len_a: float, max_len_b: int,
+                       pad_id: int) -> Tensor:
+    """Per-sentence output budget ``floor(a * src_len + b)`` tokens (EOS excluded).
+
+    Models with absolute positions (sinusoidal, learned) are capped at ``max_len - 1`` tokens, since the
+    decoder input (BOS + tokens) must fit in ``max_len`` positions.
+
+    Args:
+        src: (B, S) right-padded source ids.
+    Returns:
+        (B,) long.
+    """
+    src_len = (src != pad_id).sum(1).double()
+    budget = torch.floor(max_len_a * src_len + max_len_b).long().clamp(min=0)
+    if model.config.position in ("sinusoidal", "learned"):
+        budget = budget.clamp(max=model.config.max_len - 1)
+    return budget
+
+
+def translate(
+    model: EncoderDecoderModel,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    n_best: int = 1,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+) -> list[list[Hypothesis]]:
+    """Beam-search translation of a batch of source sentences (all sentences x beams as one batch).
+
+    Args:
+        model: an encoder-decoder model (put in eval mode for the call, then restored).
+        src: (B, S) long source ids, right-padded with ``pad_id``.
+        beam_size: K (the paper: 4). ``beam_size=1`` gives exactly :func:`greedy_translate`.
+        alpha: GNMT length penalty ``((5 + |Y|) / 6) ** alpha`` (the paper: 0.6).
+        max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (the paper: a=1, b=50).
+        n_best: hypotheses per sentence, best first (<= beam_size).
+        bos_id, eos_id, pad_id: special ids; PAD and BOS are never produced.
+    Returns:
+        For each sentence, a list of up to ``n_best`` :class:`Hypothesis`, best first.
+    """
+    model = _check_model(model)
+    if beam_size < 1:
+        raise AiaynError(f"beam_size={beam_size} must be >= 1")
+    if not 1 <= n_best <= beam_size:
+        raise AiaynError(f"n_best={n_best} must be between 1 and beam_size={beam_size}; raise beam_size")
+    if src.shape[0] == 0:
+        return []
+    budget = max_output_lengths(model, src, max_len_a, max_len_b, pad_id)
+    with eval_mode(model):
+        stepper = Seq2SeqStepper(model, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
+                                 src_is_token=src != pad_id)
+        return beam_search(stepper, budget, beam_size=beam_size, alpha=alpha, n_best=n_best, eos_id=eos_id,
+                           banned_ids=sorted({pad_id, bos_id}), pad_id=pad_id)
+
+
+def greedy_translate(
+    model: EncoderDecoderModel,
+    src: Tensor,
+    *,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+) -> list[Hypothesis]:
+    """Greedy translation: the most likely token at every step, until EOS or the length limit.
+
+    Args:
+        model: an encoder-decoder model.
+        src: (B, S) long source ids, right-padded with ``pad_id``.
+        alpha: only for the reported score (``logprob / lp``), so it compares with beam search's.
+        max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (then EOS is forced).
+        bos_id, eos_id, pad_id: special ids; PAD and BOS are never produced.
+    Returns:
+        One :class:`Hypothesis` per sentence.
+    """
+    model = _check_model(model)
+    if src.shape[0] == 0:
+        return []
+    budget = max_output_lengths(model, src, max_len_a, max_len_b, pad_id)
+    with eval_mode(model):
+        stepper = Seq2SeqStepper(model, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
+                                 src_is_token=src != pad_id)
+        tokens, lengths, logprob = decode_loop(stepper, greedy_choice, budget, stop_ids=(eos_id,),
+                                               force_stop_id=eos_id, banned_ids=sorted({pad_id, bos_id}),
+                                               pad_id=pad_id)
+    out = []
+    for row, n, lp in zip(tokens.tolist(), lengths.tolist(), logprob.tolist()):
+        out.append(Hypothesis(tokens=row[:n], score=lp / length_penalty(n + 1, alpha), logprob=lp))
+    return out

@@ -1,0 +1,63 @@
+"""Load a trained checkpoint directory for inference: config, weights and tokenizers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.errors import AiaynError
+from aiayn.models.build import build_model
+from aiayn.tokenize import Tokenizer, load_tokenizer
+from aiayn.train.checkpoint import load_config, load_model_state
+
+
+@dataclass
+class Pretrained:
+    """A loaded checkpoint.
+
+    Attributes:
+        model: the model in eval mode.
+        config: its ModelConfig.
+        tokenizers: by role ("src", "tgt" for translation; "text" for the others).
+        meta: the rest of config.json (task, decode defaults, label names, ...).
+    """
+
+    model: nn.Module
+    config: ModelConfig
+    tokenizers: dict[str, Tokenizer]
+    meta: dict[str, Any]
+
+    @property
+    def task(self) -> str:
+        """The task the checkpoint was trained for."""
+        return self.meta.get("task", "unknown")
+
+
+def load_pretrained(directory: str | Path, device: str | torch.device = "cpu") -> Pretrained:
+    """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
+
+    Raises:
+        AiaynError: missing directory or files (names what is missing).
+    """
+    d = Path(directory)
+    if not d.exists() and not Path(str(d) + ".old").exists():
+        raise AiaynError(f"{d}: checkpoint directory not found; pass the folder that holds config.json "
+                         "(e.g. runs/demo/best)")
+    meta = load_config(d)
+    if "model" not in meta:
+        raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
+    config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
+    model = build_model(config, init=False)
+    load_model_state(d, model)
+    tokenizers: dict[str, Tokenizer] = {}
+    cache: dict[str, Tokenizer] = {}
+    for role, name in meta.get("tokenizers", {}).items():
+        if name not in cache:
+            cache[name] = load_tokenizer(d / name)
+        tokenizers[role] = cache[name]
+    return Pretrained(model.to(device).eval(), config, tokenizers, meta)

@@ -1,0 +1,222 @@
+"""Translation: parallel text -> BPE -> token-budget batches -> encoder-decoder -> label-smoothed loss,
+validated by loss and BLEU of beam-search output."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.data.batching import collate_seq2seq, token_budget_batches
+from aiayn.data.parallel import filter_by_token_length, load_parallel
+from aiayn.errors import AiaynError
+from aiayn.evaluate.bleu import corpus_bleu
+from aiayn.models.build import build_model
+from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.train.losses import label_smoothed_nll
+from aiayn.train.recipe import resolve_path, take
+
+DATA_DEFAULTS: dict[str, Any] = {
+    "train_src": None, "train_tgt": None, "train_tsv": None,
+    "valid_src": None, "valid_tgt": None, "valid_tsv": None,
+    "test_src": None, "test_tgt": None,
+    "max_tokens_per_side": 128, "policy": "warn", "batch_tokens": 4096, "lowercase": False,
+}
+TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2}
+DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
+EVAL_DEFAULTS: dict[str, Any] = {"bleu": True, "bleu_sentences": 500, "bleu_beam": 1}
+SRC_TOK, TGT_TOK, JOINT_TOK = "tokenizer.src.json", "tokenizer.tgt.json", "tokenizer.json"
+
+
+def build_model_config(section: dict[str, Any], **forced: Any) -> ModelConfig:
+    """``[model]`` section -> ModelConfig: an optional ``preset`` plus field overrides, plus forced values."""
+    section = dict(section)
+    preset = section.pop("preset", None)
+    fields = {**section, **forced}
+    return ModelConfig.preset(preset, **fields) if preset else ModelConfig.from_dict(fields, "[model]")
+
+
+def _read_corpus(recipe: dict[str, Any], data: dict[str, Any], split: str):
+    tsv = resolve_path(recipe, data[f"{split}_tsv"]) if f"{split}_tsv" in data else None
+    src, tgt = resolve_path(recipe, data[f"{split}_src"]), resolve_path(recipe, data[f"{split}_tgt"])
+    if tsv is None and (src is None or tgt is None):
+        return None
+    corpus = load_parallel(src, tgt, tsv_path=tsv, policy=data["policy"]) if tsv is None else load_parallel(
+        tsv_path=tsv, policy=data["policy"])
+    if data["lowercase"]:
+        corpus.src = [s.lower() for s in corpus.src]
+        corpus.tgt = [t.lower() for t in corpus.tgt]
+    return corpus
+
+
+class TranslationTask:
+    """Everything translation training needs, built from a recipe (see ``recipes/multi30k-en-de.toml``).
+
+    Args:
+        recipe: a loaded recipe (``aiayn.train.recipe.load_recipe``).
+        resume_dir: a checkpoint directory whose tokenizers to reuse (when resuming).
+        device: where the model lives.
+        pairs: in-memory data instead of files: {"train": [(src, tgt), ...], "valid": [...]} (the demo).
+    """
+
+    select_metric = "loss"
+    select_mode = "min"
+
+    def __init__(self, recipe: dict[str, Any], *, resume_dir: Path | None = None,
+                 device: torch.device | str = "cpu", pairs: dict[str, list[tuple[str, str]]] | None = None,
+                 seed: int = 1) -> None:
+        self.data = take(recipe["data"], DATA_DEFAULTS, "data")
+        self.tok_cfg = take(recipe["tokenizer"], TOKENIZER_DEFAULTS, "tokenizer")
+        self.decode_cfg = take(recipe["decode"], DECODE_DEFAULTS, "decode")
+        self.eval_cfg = take(recipe["eval"], EVAL_DEFAULTS, "eval")
+        self.device = torch.device(device)
+        self.seed = seed
+        if pairs is not None:
+            train = ([s for s, _ in pairs["train"]], [t for _, t in pairs["train"]])
+            valid = ([s for s, _ in pairs["valid"]], [t for _, t in pairs["valid"]])
+        else:
+            tr = _read_corpus(recipe, self.data, "train")
+            if tr is None:
+                raise AiaynError(f"{recipe.get('_path', 'recipe')}: [data] needs train_src and train_tgt "
+                                 "(or train_tsv)")
+            va = _read_corpus(recipe, self.data, "valid")
+            train = (tr.src, tr.tgt)
+            valid = (va.src, va.tgt) if va is not None else ([], [])
+        self.valid_text = valid
+
+        # ---- tokenizers: reused from the checkpoint when resuming, trained on the training data otherwise
+        if resume_dir is not None:
+            self.src_tok, self.tgt_tok = load_translation_tokenizers(resume_dir)
+        elif self.tok_cfg["joint"]:
+            tok = self._train_tok(train[0] + train[1])
+            self.src_tok = self.tgt_tok = tok
+        else:
+            self.src_tok, self.tgt_tok = self._train_tok(train[0]), self._train_tok(train[1])
+        joint = self.src_tok is self.tgt_tok
+        forced: dict[str, Any] = {"vocab_size": self.src_tok.vocab_size, "pad_id": self.src_tok.pad_id}
+        if not joint:
+            forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
+        self.model_config = build_model_config(recipe["model"], arch="encoder-decoder", **forced)
+        torch.manual_seed(seed)
+        self.model = build_model(self.model_config).to(self.device)
+
+        limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
+        self.train_ids = self._encode(train, limit, "training")
+        self.valid_ids = self._encode(valid, limit, "validation") if valid[0] else ([], [])
+        self.lengths = [(len(s), len(t) + 1) for s, t in zip(*self.train_ids)]
+
+    # ------------------------------------------------------------------ setup helpers
+    def _train_tok(self, texts: list[str]) -> Tokenizer:
+        kw = {"min_frequency": self.tok_cfg["min_frequency"]} if self.tok_cfg["kind"] != "char" else {}
+        return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"], **kw)
+
+    def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[list, list]:
+        src = self.src_tok.encode_batch(pair[0])
+        tgt = self.tgt_tok.encode_batch(pair[1])
+        kept = filter_by_token_length(src, tgt, limit, self.data["policy"], origin=f"{what} data")
+        return list(kept.src), list(kept.tgt)
+
+    def _collate(self, index: list[int], src_ids: list, tgt_ids: list) -> dict[str, Any]:
+        t = self.tgt_tok
+        batch = collate_seq2seq([src_ids[i] for i in index], [tgt_ids[i] for i in index], t.pad_id, t.bos_id,
+                                t.eos_id)
+        return {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ the Task protocol
+    def batches(self, position: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """Token-budget batches, reshuffled each epoch from (seed, epoch); resumable at (epoch, index)."""
+        epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
+        while True:
+            plan = token_budget_batches(self.lengths, self.data["batch_tokens"], seed=self.seed, epoch=epoch)
+            for i in range(index, len(plan)):
+                yield self._collate(plan[i], *self.train_ids), {"epoch": epoch, "index": i + 1}
+            epoch, index = epoch + 1, 0
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        return int(batch["n_tokens"])
+
+    def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+        logits = self.model(batch["src"], batch["tgt_in"]).logits  # (B, T, V)
+        loss, nll, n = label_smoothed_nll(logits, batch["labels"], label_smoothing)
+        return loss, int(n), {"nll": float(nll.detach())}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (per target token, no smoothing), perplexity and BLEU of decoded output."""
+        self.model.eval()
+        src_ids, tgt_ids = self.valid_ids
+        if not src_ids:
+            return {"loss": float("nan")}
+        lengths = [(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids)]
+        total, count = 0.0, 0
+        for index in token_budget_batches(lengths, self.data["batch_tokens"], seed=0, epoch=0, shuffle=False):
+            b = self._collate(index, src_ids, tgt_ids)
+            _, nll, n = label_smoothed_nll(self.model(b["src"], b["tgt_in"]).logits, b["labels"], 0.0)
+            total, count = total + float(nll), count + int(n)
+        metrics = {"loss": total / count, "ppl": math.exp(min(total / count, 50))}
+        if self.eval_cfg["bleu"]:
+            n = min(self.eval_cfg["bleu_sentences"], len(self.valid_text[0]))
+            hyps = translate_texts(self.model, self.src_tok, self.tgt_tok, self.valid_text[0][:n],
+                                   beam=self.eval_cfg["bleu_beam"], alpha=self.decode_cfg["alpha"],
+                                   max_len_a=self.decode_cfg["max_len_a"], max_len_b=self.decode_cfg["max_len_b"])
+            metrics["bleu"] = corpus_bleu(hyps, self.valid_text[1][:n]).score
+        return metrics
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        joint = self.src_tok is self.tgt_tok
+        return {"task": "translation", "model": self.model_config.to_dict(),
+                "tokenizers": {"src": JOINT_TOK if joint else SRC_TOK, "tgt": JOINT_TOK if joint else TGT_TOK},
+                "decode": self.decode_cfg, "lowercase": self.data["lowercase"]}
+
+    def write_tokenizers(self, directory: Path) -> None:
+        if self.src_tok is self.tgt_tok:
+            self.src_tok.save(directory / JOINT_TOK)
+        else:
+            self.src_tok.save(directory / SRC_TOK)
+            self.tgt_tok.save(directory / TGT_TOK)
+
+
+def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) tokenizers saved in a translation checkpoint (the same object when joint)."""
+    from aiayn.train.checkpoint import load_config
+
+    names = load_config(directory).get("tokenizers", {})
+    src_name, tgt_name = names.get("src", JOINT_TOK), names.get("tgt", JOINT_TOK)
+    src = load_tokenizer(Path(directory) / src_name)
+    return src, (src if tgt_name == src_name else load_tokenizer(Path(directory) / tgt_name))
+
+
+@torch.no_grad()
+def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[str], *, beam: int = 4,
+                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
+                    n_best: int = 1) -> list[str] | list[list[str]]:
+    """Translate sentences with beam search (beam 1 = greedy), in length-sorted batches, order preserved.
+
+    Returns:
+        One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
+    """
+    from aiayn.generate import translate
+
+    model.eval()
+    device = next(model.parameters()).device
+    max_src = model.config.max_len
+    ids = [src_tok.encode(t)[:max_src] for t in texts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[Any] = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(1, max(len(ids[i]) for i in chunk))
+        src = torch.full((len(chunk), width), src_tok.pad_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src[row, :len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
+        hyps = translate(model, src.to(device), beam_size=beam, alpha=alpha, max_len_a=max_len_a,
+                         max_len_b=max_len_b, n_best=n_best, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id,
+                         pad_id=tgt_tok.pad_id)
+        for row, i in enumerate(chunk):
+            texts_i = [tgt_tok.decode(h.tokens) for h in hyps[row]]
+            out[i] = texts_i[0] if n_best == 1 else texts_i
+    return out

@@ -1,0 +1,207 @@
+"""The one tokenizer protocol, the fixed special tokens, and saving/loading as one JSON file.
+
+Every tokenizer (BPE, char, word) gives the same five special tokens the same ids, so models,
+batching and decoding never ask which tokenizer they run with::
+
+    <pad>=0  <s>=1  </s>=2  <unk>=3  <mask>=4
+
+``encode`` adds no BOS/EOS (batching adds them). ``decode`` drops special tokens (``<unk>``
+included) when ``skip_special`` is true, and ``decode(encode(x)) == normalize(x)`` for every string.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiayn.errors import AiaynError, where
+
+PAD = "<pad>"
+BOS = "<s>"
+EOS = "</s>"
+UNK = "<unk>"
+MASK = "<mask>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK, MASK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(5)
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+
+FORMAT_VERSION = 1
+
+_REGISTRY: dict[str, type[Tokenizer]] = {}
+
+
+class Tokenizer(ABC):
+    """A reversible map between text and lists of token ids.
+
+    Subclasses set ``kind`` (the value of the ``"kind"`` field in the saved JSON) and implement the
+    abstract methods; subclasses with a ``kind`` register themselves for :func:`load_tokenizer`.
+    """
+
+    kind: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            _REGISTRY[cls.kind] = cls
+
+    # ---- special ids (the same in every tokenizer) -------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        """Id of ``<pad>`` (0)."""
+        return PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        """Id of ``<s>`` (1)."""
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        """Id of ``</s>`` (2)."""
+        return EOS_ID
+
+    @property
+    def unk_id(self) -> int:
+        """Id of ``<unk>`` (3)."""
+        return UNK_ID
+
+    @property
+    def mask_id(self) -> int:
+        """Id of ``<mask>`` (4)."""
+        return MASK_ID
+
+    # ---- the protocol ------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included; every id is in ``range(vocab_size)``."""
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Map text to token ids, without BOS/EOS. Unknown symbols become ``unk_id``."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts; ``encode_batch(xs)[i] == encode(xs[i])``."""
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Map ids back to text.
+
+        Args:
+            ids: token ids (any iterable of ints, e.g. a list or a 1-D tensor's ``tolist()``).
+            skip_special: drop the five special tokens (``<unk>`` included) instead of writing them.
+                Decoding never stops early at ``</s>``; cut the ids first if you need that.
+        """
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special: bool = True) -> list[str]:
+        """Decode many id lists; ``decode_batch(b)[i] == decode(b[i])``."""
+        return [self.decode(ids, skip_special=skip_special) for ids in batch]
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry, or None when ``token`` is not in the vocabulary."""
+
+    @abstractmethod
+    def id_to_token(self, idx: int) -> str:
+        """The vocabulary entry for ``idx``; AiaynError when ``idx`` is out of range."""
+
+    @abstractmethod
+    def normalize(self, text: str) -> str:
+        """What ``decode(encode(text))`` returns: the text as this tokenizer can represent it."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The tokenizer's state as JSON-ready data (without ``kind``/``format_version``)."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> Tokenizer:
+        """Rebuild a tokenizer from :meth:`to_dict` output; ``source`` names it in errors."""
+
+    # ---- shared helpers ----------------------------------------------------------------------
+    def _check_id(self, idx: int) -> None:
+        if not 0 <= idx < self.vocab_size:
+            raise AiaynError(
+                f"token id {idx} is out of range for this {self.kind} tokenizer (vocab_size "
+                f"{self.vocab_size}); the ids were made with a different tokenizer or model"
+            )
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer to one JSON file (atomically); :func:`load_tokenizer` reads it back."""
+        data = {"kind": self.kind, "format_version": FORMAT_VERSION, **self.to_dict()}
+        _atomic_write_text(Path(path), json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    (Kept here rather than imported from ``aiayn.data`` so that ``aiayn.tokenize`` depends on nothing
+    but ``aiayn.errors`` and cannot take part in an import cycle.)
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer saved with :meth:`Tokenizer.save`, whatever its kind.
+
+    Args:
+        path: the JSON file.
+
+    Raises:
+        AiaynError: the file is missing, is not valid JSON, or has no known ``"kind"``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AiaynError(
+            f"{path}: no such tokenizer file; check the path, or train and save a tokenizer first"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise AiaynError(f"{path}: cannot read the tokenizer file ({e}); check the path") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AiaynError(
+            f"{where(path, e.lineno)}: the tokenizer file is not valid JSON ({e.msg}); "
+            "it is corrupt or not a tokenizer file: train and save the tokenizer again"
+        ) from None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in _REGISTRY:
+        raise AiaynError(
+            f'{path}: unknown tokenizer kind {kind!r}; the "kind" field must be one of '
+            f"{sorted(_REGISTRY)}. Is this a tokenizer file saved by aiayn?"
+        )
+    version = data.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise AiaynError(
+            f"{path}: tokenizer format_version {version!r} is not supported (this aiayn reads "
+            f"{FORMAT_VERSION}); train and save the tokenizer again with this version"
+        )
+    return _REGISTRY[kind].from_dict(data, source=str(path))
+
+
+def require_keys(data: dict[str, Any], keys: Sequence[str], source: str) -> None:
+    """Raise AiaynError naming ``source`` when ``data`` lacks any of ``keys``."""
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise AiaynError(
+            f"{source}: tokenizer data lacks {missing}; the file is corrupt: train and save it again"
+        )

@@ -1,0 +1,282 @@
+"""The training loop shared by every task: accumulation, clipping, schedules, evaluation, checkpoints, resume.
+
+A *task* (translation, language modeling, classification, masked LM) supplies batches and a summed loss;
+the trainer does everything else the same way for all of them:
+
+    for each optimizer step:
+        draw `accum` micro-batches (the data position is recorded after each)
+        loss = sum over micro-batches of loss_sum / (target tokens in ALL micro-batches)
+        backward, clip, optimizer step, schedule step
+        log; every `eval_every` steps evaluate, keep best and last checkpoints
+
+Dividing every micro-batch's summed loss by the token count of the whole accumulated batch makes k
+accumulated batches give exactly the update of one batch of their union, whatever their lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from aiayn.errors import AiaynError
+from aiayn.train.checkpoint import (
+    average_checkpoints,
+    keep_last,
+    load_model_state,
+    load_training_state,
+    restore_rng,
+    save_checkpoint,
+)
+from aiayn.train.metrics_log import MetricsLogger, read_metrics
+from aiayn.train.optim import build_optimizer
+from aiayn.train.schedules import build_scheduler
+
+
+@dataclass
+class TrainConfig:
+    """Optimization and bookkeeping settings (the ``[train]`` section of a recipe)."""
+
+    out_dir: str = "runs/model"
+    max_steps: int = 1000
+    max_minutes: float | None = None
+    seed: int = 1
+    optimizer: str = "adam"
+    lr: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: str = "inverse_sqrt_warmup"
+    warmup: int = 4000
+    min_lr_ratio: float = 0.0
+    accum: int = 1
+    clip_norm: float | None = 1.0
+    label_smoothing: float = 0.1
+    eval_every: int = 500
+    log_every: int = 50
+    save_every: int | None = None
+    keep_checkpoints: int = 5
+    average_last: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    threads: int | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]
+        bad = []
+        if self.max_steps < 1:
+            bad.append(f"max_steps={self.max_steps} must be >= 1")
+        if self.accum < 1:
+            bad.append(f"accum={self.accum} must be >= 1")
+        if not 0 <= self.label_smoothing < 1:
+            bad.append(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            bad.append(f"dtype={self.dtype!r} must be float32, bfloat16 or float16")
+        if bad:
+            raise AiaynError("invalid [train] settings:\n  - " + "\n  - ".join(bad))
+
+
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    model: nn.Module
+
+    def batches(self, position: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Yield (batch, data position after this batch), starting at ``position`` (None = the beginning)."""
+
+    def count_targets(self, batch: Any) -> int:
+        """Number of targets (non-ignored labels) in a batch."""
+
+    def loss(self, batch: Any, label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+        """(summed loss, number of targets it sums over, extra summed metrics such as nll)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics; must include the key named by ``select_metric``."""
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        """JSON dict for config.json (model config, task settings, tokenizer file names)."""
+
+    def write_tokenizers(self, directory: Path) -> None:
+        """Write tokenizer file(s) into a checkpoint directory."""
+
+    select_metric: str
+    select_mode: str  # "min" or "max"
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` reports at the end."""
+
+    steps: int
+    best_metric: float | None
+    best_dir: str | None
+    last_dir: str
+    wall_seconds: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
+    """Run (or resume) training of ``task.model`` under ``cfg``; checkpoints go to ``cfg.out_dir``.
+
+    Layout of ``out_dir``: ``last/`` (latest, with training state), ``best/`` (best validation metric),
+    ``step-N/`` (periodic, the last ``keep_checkpoints`` kept), ``averaged/`` (mean of the last
+    ``average_last`` periodic checkpoints, when set), ``metrics.jsonl`` and ``learning_curve.png``.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    model = task.model
+    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
+    sched_kw: dict[str, Any] = {"warmup": cfg.warmup}
+    if cfg.schedule == "inverse_sqrt_warmup":
+        sched_kw["d_model"] = model.config.d_model
+    elif cfg.schedule == "warmup_cosine":
+        sched_kw.update(total=cfg.max_steps, min_ratio=cfg.min_lr_ratio)
+    scheduler = build_scheduler(optimizer, cfg.schedule, **sched_kw)
+
+    step, position, best, elapsed_before = 0, None, None, 0.0
+    if resume:
+        last = out / "last"
+        state = load_training_state(last)
+        if state is None:
+            raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+        load_model_state(last, model)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, position, best = state["step"], state["position"], state["best"]
+        elapsed_before = state.get("elapsed", 0.0)
+        restore_rng(state["rng"])
+    else:
+        if (out / "last").exists() or (out / "last.old").exists():
+            raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
+                             "or choose another train.out_dir")
+        torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLogger(out / "metrics.jsonl")
+    config_json = task.checkpoint_config()
+
+    def save(path: Path, with_state: bool) -> None:
+        state = None
+        if with_state:
+            state = {"step": step, "position": position, "best": best,
+                     "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg))}
+        save_checkpoint(path, model, config_json, optimizer=optimizer if with_state else None,
+                        scheduler=scheduler if with_state else None, train_state=state,
+                        tokenizer_writer=task.write_tokenizers)
+
+    t0 = time.time()
+    stream = task.batches(position)
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not cfg.progress, dynamic_ncols=True, unit="step")
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time(), "steps": 0}
+    model.train()
+    stop_reason = "max_steps"
+    while step < cfg.max_steps:
+        if cfg.max_minutes is not None and (elapsed_before + time.time() - t0) / 60 >= cfg.max_minutes:
+            stop_reason = "max_minutes"
+            break
+        micro = []
+        for _ in range(cfg.accum):
+            batch, position = next(stream)
+            micro.append(batch)
+        optimizer.zero_grad(set_to_none=True)
+        results = []
+        total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
+        for batch in micro:
+            with _autocast(cfg.dtype, model):
+                loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
+            (loss_sum / max(total_targets, 1)).backward()
+            results.append((float(loss_sum.detach()), extra))
+        grad_norm = None
+        if cfg.clip_norm:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm))
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        window["loss"] += sum(r[0] for r in results)
+        window["nll"] += sum(r[1].get("nll", r[0]) for r in results)
+        window["tokens"] += total_targets
+        window["steps"] += 1
+        bar.update(1)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            now = time.time()
+            rec = {"step": step, "train_loss": window["loss"] / max(window["tokens"], 1),
+                   "train_nll": window["nll"] / max(window["tokens"], 1),
+                   "lr": optimizer.param_groups[0]["lr"], "tokens_per_s": window["tokens"] / (now - window["time"]),
+                   "grad_norm": grad_norm, "elapsed_s": elapsed_before + now - t0}
+            log.log(rec)
+            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
+                            tok_s=f"{rec['tokens_per_s']:.0f}")
+            window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now, "steps": 0}
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            best = _evaluate_and_keep(task, step, best, log, out, save)
+            model.train()
+        if cfg.save_every and step % cfg.save_every == 0:
+            save(out / f"step-{step}", with_state=False)
+            keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
+        if step % cfg.eval_every == 0 or (cfg.save_every and step % cfg.save_every == 0):
+            save(out / "last", with_state=True)
+    bar.close()
+    if stop_reason == "max_minutes" and step % cfg.eval_every != 0:
+        best = _evaluate_and_keep(task, step, best, log, out, save)
+    save(out / "last", with_state=True)
+    if cfg.average_last and cfg.save_every:
+        steps = [p for p in out.glob("step-*") if p.name.split("-")[1].isdigit()]
+        dirs = sorted(steps, key=lambda p: int(p.name.split("-")[1]))[-cfg.average_last:]
+        if len(dirs) >= 2:
+            model.load_state_dict(average_checkpoints(dirs))
+            save(out / "averaged", with_state=False)
+            metrics = task.evaluate()
+            log.log({"step": step, "averaged_of": len(dirs), **{f"avg_{k}": v for k, v in metrics.items()}})
+    log.close()
+    history = read_metrics(out / "metrics.jsonl")
+    _plot(history, out)
+    return TrainResult(step, None if best is None else best["value"], str(out / "best") if best else None,
+                       str(out / "last"), elapsed_before + time.time() - t0, history)
+
+
+def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLogger, out: Path, save) -> dict:
+    metrics = task.evaluate()
+    log.log({"step": step, **{f"val_{k}": v for k, v in metrics.items()}})
+    tqdm.write("step {}: {}".format(step, ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items())))
+    value = metrics[task.select_metric]
+    better = best is None or (value < best["value"] if task.select_mode == "min" else value > best["value"])
+    if better and math.isfinite(value):
+        best = {"value": value, "step": step}
+        save(out / "best", with_state=False)
+    return best
+
+
+def _autocast(dtype: str, model: nn.Module):
+    if dtype == "float32":
+        return torch.autocast("cpu", enabled=False)
+    device_type = next(model.parameters()).device.type
+    return torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def _plot(history: list[dict[str, Any]], out: Path) -> None:
+    try:
+        from aiayn.viz.curves import plot_learning_curves
+
+        plot_learning_curves(history, out / "learning_curve.png")
+    except AiaynError as e:  # matplotlib missing: training results still stand
+        tqdm.write(f"note: {e}")

@@ -1,0 +1,28 @@
+"""Shared pytest fixtures: every test starts from the same random state; real data is found or skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tiny models: thread start-up costs more than it buys, and CI has 2 shared cores.
+torch.set_num_threads(1)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def seed() -> int:
+    """Seed torch's global generator before each test (so tests do not depend on their order)."""
+    torch.manual_seed(0)
+    return 0
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The directory of real corpora (``../shared/data``); skips the test when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,255 @@
+"""The fused backend (torch SDPA) equals the reference backend (explicit softmax) for every mask, bias and
+head layout, with finite gradients; and whole models give the same logits on either backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from aiayn import ModelConfig, build_model
+from aiayn.config import ARCHS, POSITIONS
+from aiayn.nn import masks as M
+from aiayn.nn.attention import MultiHeadAttention, _expand_kv, scaled_dot_product_attention
+from aiayn.nn.positions import ALiBi, T5RelativeBias
+
+B, H, T, DH = 3, 4, 8, 8
+ATOL = 1e-5
+
+
+def _is_token() -> Tensor:
+    """(B, T) bool, right padding of different lengths (no example fully padded)."""
+    return torch.arange(T)[None, :] < torch.tensor([[T], [5], [2]])
+
+
+def _keys_after(first_real: list[int]) -> Tensor:
+    """(B, T) bool: key j is a real token when j > first_real[b] (left padding up to that index)."""
+    return torch.arange(T)[None, :] > torch.tensor(first_real)[:, None]
+
+
+def _doc_ids() -> Tensor:
+    """(B, T) packed documents; -1 marks padding."""
+    return torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, -1, -1], [5, 5, 5, 5, 6, 6, 6, 6]])
+
+
+# name -> (mask (broadcastable to (B, H, T, S)) or None, is_causal, number of keys S)
+MASKS: dict[str, Callable[[], tuple[Tensor | None, bool, int]]] = {
+    "none": lambda: (None, False, T),
+    "padding": lambda: (M.padding_mask(_is_token()), False, T),
+    "causal": lambda: (M.causal_mask(T), False, T),
+    "is_causal": lambda: (None, True, T),
+    "is_causal+padding": lambda: (M.padding_mask(_is_token()), True, T),
+    "causal-cached": lambda: (M.causal_mask(T, T + 4), False, T + 4),  # queries are the last T of S keys
+    "is_causal-cached": lambda: (None, True, T + 4),
+    "prefix-lm": lambda: (M.prefix_lm_mask(T, torch.tensor([3, 0, T])), False, T),
+    "sliding-window": lambda: (M.sliding_window_mask(T, 3), False, T),
+    "sliding-window-bidir": lambda: (M.sliding_window_mask(T, 2, causal=False), False, T),
+    "sliding-window-cached": lambda: (M.sliding_window_mask(T, 3, T + 4), False, T + 4),
+    "local-global": lambda: (M.local_global_mask(T, 2, [0, 5]), False, T),
+    "local-global-causal": lambda: (M.local_global_mask(T, 2, [0, 5], causal=True), False, T),
+    "block-sparse": lambda: (M.block_sparse_mask(T, 2, 1, stride=2), False, T),
+    "block-sparse-causal": lambda: (M.block_sparse_mask(T, 2, 2, causal=True), False, T),
+    "document": lambda: (M.document_mask(_doc_ids()), False, T),
+    "document-bidir": lambda: (M.document_mask(_doc_ids(), causal=False), False, T),
+    "combined": lambda: (M.combine(M.padding_mask(_is_token()), M.sliding_window_mask(T, 3),
+                                   M.document_mask(_doc_ids())), False, T),
+    # query 0 sees no key (key 0 is padding for example 1): a fully masked row
+    "empty-row": lambda: (M.combine(M.padding_mask(_keys_after([-1, 0, -1])), M.causal_mask(T)), False, T),
+    "empty-example": lambda: (M.padding_mask(_keys_after([-1, T, -1]) & _is_token()), False, T),
+    "empty-row-is_causal": lambda: (M.padding_mask(torch.arange(T)[None, :] > 0).expand(B, 1, 1, T), True, T),
+}
+
+
+def _bias(kind: str, s: int) -> Tensor | None:
+    """(1, H, T, S) additive bias for queries at the last T of S positions."""
+    if kind == "none":
+        return None
+    q_pos, k_pos = torch.arange(s - T, s)[None], torch.arange(s)[None]
+    if kind == "alibi":
+        return ALiBi(H)(q_pos, k_pos)
+    rel = T5RelativeBias(H, 16, 32, bidirectional=True)
+    nn.init.normal_(rel.embedding.weight, 0.0, 1.0)
+    return rel(q_pos, k_pos).detach()
+
+
+def _empty_rows(mask: Tensor | None, is_causal: bool, s: int) -> Tensor:
+    """(B, 1|H, T, 1) True where a query may attend no key."""
+    full = torch.ones(B, 1, T, s, dtype=torch.bool)
+    if mask is not None:
+        full = full & mask
+    if is_causal:
+        full = full & M.causal_mask(T, s)
+    return ~full.any(-1, keepdim=True)
+
+
+def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+         is_causal: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
+    q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend, is_causal=is_causal)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out.detach(), (q.grad, k.grad, v.grad)
+
+
+# (bias, kv heads): every head layout without a bias, and each bias with a grouped layout (kept to five
+# combinations per mask so the whole grid stays fast; the bias path does not depend on the head layout)
+LAYOUTS = [("none", H), ("none", 2), ("none", 1), ("alibi", 2), ("t5", 1)]
+
+
+@pytest.mark.parametrize("bias_kind,kv_heads", LAYOUTS, ids=[f"{b}-{({H: 'mha', 2: 'gqa', 1: 'mqa'})[k]}"
+                                                             for b, k in LAYOUTS])
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int) -> None:
+    mask, is_causal, s = MASKS[mask_name]()
+    bias = _bias(bias_kind, s)
+    q, k, v = torch.randn(B, H, T, DH), torch.randn(B, kv_heads, s, DH), torch.randn(B, kv_heads, s, DH)
+    ref, ref_grads = _run("reference", q, k, v, mask, bias, is_causal)
+    fused, fused_grads = _run("sdpa", q, k, v, mask, bias, is_causal)
+    torch.testing.assert_close(fused, ref, atol=ATOL, rtol=0)
+    for g_fused, g_ref in zip(fused_grads, ref_grads, strict=True):
+        assert bool(torch.isfinite(g_fused).all()) and bool(torch.isfinite(g_ref).all())
+        torch.testing.assert_close(g_fused, g_ref, atol=ATOL, rtol=0)
+    empty = _empty_rows(mask, is_causal, s).expand(B, H, T, DH)
+    assert bool(torch.isfinite(ref).all()) and bool(torch.isfinite(fused).all())
+    assert bool((ref[empty] == 0).all()) and bool((fused[empty] == 0).all())
+    if mask_name.startswith("empty"):
+        assert bool(empty.any())
+
+
+@pytest.mark.parametrize("mask_name", ["padding", "causal-cached", "document", "empty-row", "empty-example"])
+def test_weights_are_a_distribution_over_allowed_keys(mask_name: str) -> None:
+    mask, is_causal, s = MASKS[mask_name]()
+    q, k, v = torch.randn(B, H, T, DH), torch.randn(B, H, s, DH), torch.randn(B, H, s, DH)
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask, bias=_bias("alibi", s), backend="sdpa",
+                                                return_weights=True, is_causal=is_causal)
+    assert weights is not None and weights.shape == (B, H, T, s)
+    allowed = torch.ones(B, H, T, s, dtype=torch.bool) & mask
+    assert bool((weights[~allowed] == 0).all())
+    empty = _empty_rows(mask, is_causal, s)[..., 0].expand(B, H, T)
+    torch.testing.assert_close(weights.sum(-1), (~empty).float(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, weights @ v, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- GQA / MQA
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_expand_kv_is_repeat_interleave(kv_heads: int) -> None:
+    x = torch.randn(B, kv_heads, 5, DH)
+    torch.testing.assert_close(_expand_kv(x, 8), x.repeat_interleave(8 // kv_heads, dim=1), atol=0, rtol=0)
+
+
+def test_gqa_with_all_kv_heads_is_mha() -> None:
+    mha = MultiHeadAttention(32, 4)
+    gqa = MultiHeadAttention(32, 4, n_kv_heads=4)
+    gqa.load_state_dict(mha.state_dict())
+    x = torch.randn(B, T, 32)
+    torch.testing.assert_close(gqa(x, is_causal=True)[0], mha(x, is_causal=True)[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+@pytest.mark.parametrize("kv_heads", [1, 2], ids=["mqa", "gqa"])
+def test_gqa_equals_mha_with_repeated_kv_weights(kv_heads: int, cross: bool) -> None:
+    """Key/value head j serves query heads j*g .. j*g+g-1 (g = H / Hkv): MHA with each kv head's weights
+    repeated g times in place computes the same function."""
+    d, h, dh = 32, 4, 8
+    g = h // kv_heads
+    gqa = MultiHeadAttention(d, h, kv_heads, cross=cross)
+    mha = MultiHeadAttention(d, h, cross=cross)
+    for p in gqa.parameters():
+        nn.init.normal_(p, 0.0, 0.3)
+
+    def repeat_heads(t: Tensor) -> Tensor:  # (Hkv*Dh, ...) -> (H*Dh, ...)
+        return t.view(kv_heads, dh, *t.shape[1:]).repeat_interleave(g, dim=0).reshape(h * dh, *t.shape[1:])
+
+    with torch.no_grad():
+        mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
+        if cross:
+            mha.q_proj.load_state_dict(gqa.q_proj.state_dict())
+            src, dst, offset = gqa.kv_proj, mha.kv_proj, 0
+        else:
+            src, dst, offset = gqa.qkv_proj, mha.qkv_proj, h * dh
+            dst.weight[:offset] = src.weight[:offset]
+            dst.bias[:offset] = src.bias[:offset]
+        kv = kv_heads * dh
+        for i in range(2):  # k then v
+            rows = slice(offset + i * kv, offset + (i + 1) * kv)
+            dst.weight[offset + i * h * dh: offset + (i + 1) * h * dh] = repeat_heads(src.weight[rows])
+            dst.bias[offset + i * h * dh: offset + (i + 1) * h * dh] = repeat_heads(src.bias[rows])
+    x = torch.randn(B, T, d)
+    memory = torch.randn(B, 6, d) if cross else None
+    memory_is_token = torch.arange(6)[None] < torch.tensor([[6], [3], [1]])  # (B, 6)
+    mask = M.padding_mask(memory_is_token) if cross else M.causal_mask(T)
+    for backend in ("reference", "sdpa"):
+        gqa.backend = mha.backend = backend
+        want, _ = mha(x, memory, mask=mask)
+        torch.testing.assert_close(gqa(x, memory, mask=mask)[0], want, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- model level
+def _set_backend(model: nn.Module, backend: str) -> int:
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, MultiHeadAttention):
+            mod.backend = backend
+            n += 1
+    return n
+
+
+def _logits(model: nn.Module, arch: str, inputs: dict[str, Tensor]) -> Tensor:
+    with torch.no_grad():
+        if arch == "encoder-decoder":
+            return model(inputs["src"], inputs["tgt"]).logits
+        return model(inputs["ids"], **{k: v for k, v in inputs.items() if k != "ids"}).logits
+
+
+def _model(arch: str, position: str, **kw: object) -> nn.Module:
+    cfg = ModelConfig(arch=arch, vocab_size=40, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, d_ff=48,
+                      max_len=64, dropout=0.0, position=position, **kw)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # nonzero biases and norms, and T5 buckets that matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_model_logits_same_on_both_backends(arch: str, position: str) -> None:
+    model = _model(arch, position)
+    ids = torch.randint(1, 40, (B, 12))
+    if arch == "encoder-decoder":
+        src = ids.clone()
+        src[1, 7:] = 0  # right padding (pad_id 0)
+        src[2, 3:] = 0
+        inputs = {"src": src, "tgt": torch.randint(1, 40, (B, 9))}
+    elif arch == "encoder":
+        ids[1, 7:] = 0
+        inputs = {"ids": ids}
+    else:
+        is_token = torch.ones(B, 12, dtype=torch.bool)
+        is_token[1, :4] = False  # left padding: pad queries see no key (empty rows)
+        inputs = {"ids": ids, "is_token": is_token}
+    assert _set_backend(model, "reference") > 0
+    ref = _logits(model, arch, inputs)
+    _set_backend(model, "sdpa")
+    fused = _logits(model, arch, inputs)
+    assert bool(torch.isfinite(ref).all())
+    torch.testing.assert_close(fused, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("extra", ["documents", "prefix-lm", "sliding-window"])
+def test_decoder_mask_variants_same_on_both_backends(position: str, extra: str) -> None:
+    model = _model("decoder", position, sliding_window=4 if extra == "sliding-window" else None)
+    ids = torch.randint(1, 40, (B, 12))
+    inputs: dict[str, Tensor] = {"ids": ids}
+    if extra == "documents":
+        inputs["doc_ids"] = torch.tensor([[0] * 5 + [1] * 7, [0] * 12, [0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3]])
+        inputs["positions"] = torch.tensor([[*range(5), *range(7)], [*range(12)],
+                                            [0, 1, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2]])
+    elif extra == "prefix-lm":
+        inputs["prefix_len"] = torch.tensor([4, 0, 12])
+    _set_backend(model, "reference")
+    ref = _logits(model, "decoder", inputs)
+    _set_backend(model, "sdpa")
+    torch.testing.assert_close(_logits(model, "decoder", inputs), ref, atol=ATOL, rtol=0)

@@ -1,0 +1,279 @@
+"""Checkpoint directories: round trip, ties, crash safety, averaging, pruning, RNG."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from aiayn.errors import AiaynError
+from aiayn.train.checkpoint import (
+    MODEL_FILE,
+    STATE_FILE,
+    average_checkpoints,
+    capture_rng,
+    keep_last,
+    load_config,
+    load_model_state,
+    load_training_state,
+    read_state_dict,
+    restore_rng,
+    save_checkpoint,
+)
+from aiayn.train.schedules import build_scheduler
+
+
+class Tiny(nn.Module):
+    def __init__(self, vocab: int = 13, d: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.norm = nn.LayerNorm(d)
+        self.ff = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.register_buffer("counter", torch.tensor([3, 4], dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.ff(self.norm(self.embed(x)))))
+
+
+def _trained(seed: int) -> tuple[Tiny, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(seed)
+    m = Tiny()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    sched = build_scheduler(opt, "warmup_cosine", warmup=2, total=10)
+    for _ in range(3):
+        loss = m(torch.randint(0, 13, (2, 5))).logsumexp(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return m, opt, sched
+
+
+def test_round_trip_is_bit_exact_and_ties_survive(tmp_path: Path) -> None:
+    m, opt, sched = _trained(0)
+    cfg = {"d_model": 8, "vocab": 13, "name": "tiny"}
+    ck = save_checkpoint(
+        tmp_path / "step_3",
+        m,
+        cfg,
+        optimizer=opt,
+        scheduler=sched,
+        train_state={"step": 3, "epoch": 0, "data": {"offset": 17}, "extra": {"best": 1.5}},
+    )
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", MODEL_FILE, STATE_FILE]
+    assert load_config(ck) == cfg
+
+    torch.manual_seed(99)
+    m2 = Tiny()
+    load_model_state(ck, m2)
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert m2.head.weight is m2.embed.weight
+    with torch.no_grad():
+        m2.embed.weight[0, 0] = 123.0
+    assert m2.head.weight[0, 0] == 123.0
+
+    state = load_training_state(ck)
+    assert state is not None
+    assert state["step"] == 3 and state["data"] == {"offset": 17} and state["extra"] == {"best": 1.5}
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    sched2 = build_scheduler(opt2, "warmup_cosine", warmup=2, total=10)
+    opt2.load_state_dict(state["optimizer"])
+    sched2.load_state_dict(state["scheduler"])
+    assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys()
+    for k in s1:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(s1[k][name], s2[k][name])
+
+
+def test_tied_tensor_stored_once_and_restored_by_name(tmp_path: Path) -> None:
+    m = Tiny()
+    ck = save_checkpoint(tmp_path / "c", m, {})
+    from safetensors import safe_open
+
+    with safe_open(str(ck / MODEL_FILE), framework="pt") as f:
+        stored = set(f.keys())
+    assert len(stored) == len(m.state_dict()) - 1
+    sd = read_state_dict(ck)
+    assert sd.keys() == m.state_dict().keys()
+    assert sd["head.weight"] is sd["embed.weight"]
+
+
+def test_overwrite_keeps_one_checkpoint_and_no_leftovers(tmp_path: Path) -> None:
+    m0, _, _ = _trained(0)
+    m1, _, _ = _trained(1)
+    target = tmp_path / "latest"
+    save_checkpoint(target, m0, {"v": 0})
+    save_checkpoint(target, m1, {"v": 1})
+    assert load_config(target) == {"v": 1}
+    assert torch.equal(read_state_dict(target)["ff.weight"], m1.ff.weight.detach())
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+def test_crash_leftovers_still_load(tmp_path: Path) -> None:
+    m0, _, _ = _trained(0)
+    target = tmp_path / "latest"
+    save_checkpoint(target, m0, {"v": 0})
+    # Crash while writing: a half-written temporary sibling is left behind.
+    tmp = tmp_path / ".latest.tmp-1234-deadbeef"
+    tmp.mkdir()
+    (tmp / "config.json").write_text("{broken")
+    assert load_config(target) == {"v": 0}
+    # Crash between the two renames: only latest.old exists.
+    target.rename(tmp_path / "latest.old")
+    assert not target.exists()
+    assert load_config(target) == {"v": 0}
+    m = Tiny()
+    load_model_state(target, m)
+    assert torch.equal(m.ff.weight, m0.ff.weight)
+    # The next save recovers: leftovers are cleaned up and the new checkpoint is in place.
+    m1, _, _ = _trained(1)
+    save_checkpoint(target, m1, {"v": 1})
+    assert load_config(target) == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+def test_failed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    m, _, _ = _trained(0)
+    target = tmp_path / "ck"
+    save_checkpoint(target, m, {"v": 0})
+
+    def bad_writer(directory: Path) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(target, m, {"v": 1}, tokenizer_writer=bad_writer)
+    with pytest.raises(AiaynError, match="not JSON-serializable"):
+        save_checkpoint(target, m, {"v": object()})
+    with pytest.raises(AiaynError, match=r"train_state\['bad'\]"):
+        save_checkpoint(target, m, {"v": 2}, train_state={"bad": {1, 2}})
+    assert load_config(target) == {"v": 0}
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]
+
+
+def test_tokenizer_files_copied_or_written(tmp_path: Path) -> None:
+    m = Tiny()
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text('{"model": "bpe"}')
+    ck = save_checkpoint(tmp_path / "a", m, {}, tokenizer_writer=[tok])
+    assert (ck / "tokenizer.json").read_text() == '{"model": "bpe"}'
+    ck = save_checkpoint(tmp_path / "b", m, {}, tokenizer_writer=lambda d: (d / "vocab.txt").write_text("x"))
+    assert (ck / "vocab.txt").read_text() == "x"
+    clash = tmp_path / "tok" / "config.json"
+    clash.parent.mkdir()
+    clash.write_text("{}")
+    with pytest.raises(AiaynError, match="may not be named config.json"):
+        save_checkpoint(tmp_path / "c", m, {}, tokenizer_writer=[clash])
+    with pytest.raises(AiaynError, match="missing.json"):
+        save_checkpoint(tmp_path / "c", m, {}, tokenizer_writer=[tmp_path / "missing.json"])
+
+
+def test_missing_or_corrupt_checkpoints_raise_naming_the_path(tmp_path: Path) -> None:
+    m = Tiny()
+    with pytest.raises(AiaynError, match="no checkpoint directory"):
+        load_config(tmp_path / "nope")
+    ck = save_checkpoint(tmp_path / "ck", m, {"a": 1}, train_state={"step": 1})
+    (ck / MODEL_FILE).write_bytes(b"\x00\x01garbage")
+    with pytest.raises(AiaynError, match=f"{MODEL_FILE}.*corrupt"):
+        load_model_state(ck, m)
+    (ck / MODEL_FILE).unlink()
+    with pytest.raises(AiaynError, match=f"no {MODEL_FILE}"):
+        load_model_state(ck, m)
+    (ck / "config.json").write_text('{\n  "a": 1,\n  oops\n}')
+    with pytest.raises(AiaynError, match=r"config.json:3: invalid JSON"):
+        load_config(ck)
+    (ck / STATE_FILE).write_bytes(b"not a zip")
+    with pytest.raises(AiaynError, match=STATE_FILE):
+        load_training_state(ck)
+    (ck / STATE_FILE).unlink()
+    assert load_training_state(ck) is None
+    # Weights of another shape: a clear error, not a raw RuntimeError.
+    good = save_checkpoint(tmp_path / "other", Tiny(vocab=20), {})
+    with pytest.raises(AiaynError, match="do not fit the model"):
+        load_model_state(good, Tiny())
+
+
+def test_training_state_refuses_pickled_objects(tmp_path: Path) -> None:
+    ck = save_checkpoint(tmp_path / "ck", Tiny(), {}, train_state={"step": 1})
+
+    torch.save({"format_version": 1, "x": Fraction(1, 3)}, ck / STATE_FILE)  # needs unpickling
+    with pytest.raises(AiaynError, match="corrupt or unsafe"):
+        load_training_state(ck)
+
+
+def test_refuses_to_overwrite_a_non_checkpoint_directory(tmp_path: Path) -> None:
+    precious = tmp_path / "data"
+    precious.mkdir()
+    (precious / "corpus.txt").write_text("keep me")
+    with pytest.raises(AiaynError, match="not a checkpoint"):
+        save_checkpoint(precious, Tiny(), {})
+    assert (precious / "corpus.txt").read_text() == "keep me"
+
+
+def test_average_of_two_is_the_mean(tmp_path: Path) -> None:
+    m0, _, _ = _trained(0)
+    m1, _, _ = _trained(1)
+    a = save_checkpoint(tmp_path / "a", m0, {})
+    b = save_checkpoint(tmp_path / "b", m1, {})
+    avg = average_checkpoints([a, b])
+    for k, v in m0.state_dict().items():
+        w = m1.state_dict()[k]
+        if v.is_floating_point():
+            torch.testing.assert_close(avg[k], (v + w) / 2, rtol=0, atol=1e-7)
+        else:
+            assert torch.equal(avg[k], w)
+    assert avg["head.weight"] is avg["embed.weight"]
+    m = Tiny()
+    m.load_state_dict(avg)
+    assert torch.equal(average_checkpoints([a])["ff.weight"], m0.ff.weight.detach())
+    other = save_checkpoint(tmp_path / "c", Tiny(vocab=20), {})
+    with pytest.raises(AiaynError, match="not the same model"):
+        average_checkpoints([a, other])
+    with pytest.raises(AiaynError, match="no checkpoints"):
+        average_checkpoints([])
+
+
+def test_keep_last_prunes_by_natural_order(tmp_path: Path) -> None:
+    m = Tiny()
+    for step in (900, 1000, 50, 2000):
+        save_checkpoint(tmp_path / f"step_{step}", m, {"step": step})
+    shutil.copytree(tmp_path / "step_50", tmp_path / "step_10.old")  # crash leftover: only .old
+    (tmp_path / "notes.txt").write_text("x")
+    removed = keep_last(tmp_path, "step_*", 2)
+    assert sorted(p.name for p in removed) == ["step_10.old", "step_50", "step_900"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step_1000", "step_2000"]
+    assert keep_last(tmp_path, "step_*", 5) == []
+
+
+def test_rng_capture_restore_reproduces_all_generators(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    random.gauss(0, 1)  # leaves a cached gaussian in Python's state
+    np.random.standard_normal()
+    # Round trip through a checkpoint's safe loader, as a resume does.
+    ck = save_checkpoint(tmp_path / "ck", Tiny(), {}, train_state={"step": 0})
+    state = load_training_state(ck)
+    assert state is not None
+    expected = (torch.rand(4), random.random(), random.gauss(0, 1), np.random.rand(3), np.random.randn())
+    restore_rng(state["rng"])
+    got = (torch.rand(4), random.random(), random.gauss(0, 1), np.random.rand(3), np.random.randn())
+    assert torch.equal(expected[0], got[0])
+    assert expected[1:3] == got[1:3]
+    assert np.array_equal(expected[3], got[3]) and expected[4] == got[4]
+    direct = capture_rng()
+    a = torch.randn(3)
+    restore_rng(direct)
+    assert torch.equal(a, torch.randn(3))
+    json.dumps(state["step"])  # train_state values stay plain
