@@ -96,11 +96,15 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- evaluate
-@command("evaluate", "Score a checkpoint: BLEU/chrF for translation (more tasks: see --help of each option).")
+@command("evaluate", "Score a checkpoint on a file: sacreBLEU/chrF (translation; --src/--ref), perplexity and "
+                     "bits per character (lm; --data), accuracy/P/R/F1/confusion matrix (classification; --data).")
 def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
     p.add_argument("--src", help="source file (translation)")
     p.add_argument("--ref", help="reference file (translation)")
+    p.add_argument("--data", help="text file or folder (lm), or label<TAB>text TSV/CSV (classification)")
+    p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
+    p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--alpha", type=float, default=None)
@@ -113,7 +117,21 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
         pre = load_pretrained(args.checkpoint, _device(args.device))
         if pre.task == "translation":
             return _evaluate_translation(pre, args)
-        raise AiaynError(f"{args.checkpoint}: evaluation of {pre.task!r} checkpoints is not supported yet")
+        if pre.task not in ("lm", "classification"):
+            raise AiaynError(f"{args.checkpoint}: evaluation of {pre.task!r} checkpoints is not supported")
+        if not args.data:
+            raise AiaynError(f"evaluating a {pre.task} checkpoint needs --data FILE")
+        import json
+
+        from aiayn.evaluate.run import evaluate_classifier, evaluate_lm
+
+        if pre.task == "lm":
+            result = evaluate_lm(pre, args.data, context=args.context, stride=args.stride)
+        else:
+            result = evaluate_classifier(pre, args.data, batch_size=args.batch_size)
+            print(result.pop("confusion_text", ""))
+        print(json.dumps(result, indent=2, default=str))
+        return 0
 
     p.set_defaults(run=run)
 

@@ -24,6 +24,18 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool):
         from aiayn.tasks.translation import TranslationTask
 
         return TranslationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
+    if recipe["task"] == "lm":
+        from aiayn.tasks.lm import LMTask
+
+        return LMTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
+    if recipe["task"] == "mlm":
+        from aiayn.tasks.mlm import MLMTask
+
+        return MLMTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
+    if recipe["task"] == "classification":
+        from aiayn.tasks.classification import ClassificationTask
+
+        return ClassificationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     raise AiaynError(f"{recipe.get('_path')}: task {recipe['task']!r} is not available in this version")
 
 

@@ -159,6 +159,9 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         load_model_state(last, model)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        for schedule in scheduler.lr_lambdas:  # a resumed run may extend max_steps: re-plan cosine decay
+            if hasattr(schedule, "total") and cfg.schedule == "warmup_cosine":
+                schedule.total = cfg.max_steps
         step, position, best = state["step"], state["position"], state["best"]
         elapsed_before = state.get("elapsed", 0.0)
         restore_rng(state["rng"])

@@ -1,0 +1,110 @@
+"""Subcommands for decoder-only and encoder-only checkpoints: ``aiayn generate`` and ``aiayn classify``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aiayn.cli.commands import _device, _read_input, command
+from aiayn.errors import AiaynError
+
+
+# ---------------------------------------------------------------------------------------------- generate
+@command("generate", "Continue text prompts with a language model (tokens stream to stdout; stops at EOS).")
+def _generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True,
+                   help="an lm checkpoint directory (e.g. runs/shakespeare-char/best)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="prompt text (repeat for a batch; default: one empty prompt, which starts from a "
+                        "newline)")
+    p.add_argument("--prompt-file", help="a UTF-8 file whose whole text is one prompt ('-' for stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=200,
+                   help="the most tokens to add per prompt (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="sampling temperature (default 0.8; 0 = greedy)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with mass p")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
+    p.add_argument("--device", default="auto")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import load_pretrained
+        from aiayn.tasks.lm import codec_from_meta, generate_text
+
+        prompts = list(args.prompt or [])
+        if args.prompt_file:
+            prompts.append(_read_prompt_file(args.prompt_file))
+        if not prompts:
+            prompts = [""]
+        pre = load_pretrained(args.checkpoint, _device(args.device))
+        if pre.task != "lm" or "text" not in pre.tokenizers:
+            raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; generate needs a language model "
+                             "(task lm, e.g. trained from recipes/shakespeare-char.toml)")
+        codec = codec_from_meta(pre.tokenizers["text"], pre.meta)
+        tok = codec.tokenizer
+        for i, prompt in enumerate(prompts):
+            if tok.unk_id in codec.encode(prompt):
+                print(f"aiayn generate: warning: prompt {i + 1} has characters the tokenizer does not know; "
+                      "they become <unk>", file=sys.stderr)
+        single = len(prompts) == 1
+
+        def on_text(i: int, text: str) -> None:
+            if single:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+
+        if single:
+            sys.stdout.write(prompts[0])
+            sys.stdout.flush()
+        outs = generate_text(pre.model, codec, prompts, max_new_tokens=args.max_new_tokens,
+                             block_size=pre.meta.get("block_size"), temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
+                             prefix_lm=args.prefix_lm, on_text=on_text)
+        if single:
+            sys.stdout.write("\n")
+            return 0
+        for i, (prompt, out) in enumerate(zip(prompts, outs)):
+            if i:
+                print("-" * 40)
+            print(prompt + out)
+        return 0
+
+    p.set_defaults(run=run)
+
+
+def _read_prompt_file(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    from aiayn.data.lm import read_text
+
+    return read_text(path)
+
+
+# ---------------------------------------------------------------------------------------------- classify
+@command("classify", "Classify texts (a file or stdin, one per line): prints label<TAB>probability per line.")
+def _classify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
+    p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--device", default="auto")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import load_pretrained
+        from aiayn.tasks.classification import predict_proba
+
+        pre = load_pretrained(args.checkpoint, _device(args.device))
+        if pre.task != "classification" or "labels" not in pre.meta:
+            raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; classify needs a classification "
+                             "model (e.g. trained from recipes/sst2-scratch.toml)")
+        lines = _read_input(args.input)
+        max_len = pre.meta.get("max_len", pre.config.max_len)
+        probs = predict_proba(pre.model, pre.tokenizers["text"], lines, max_len, args.batch_size)  # (N, C)
+        labels = pre.meta["labels"]
+        best_p, best = probs.max(-1)  # (N,), (N,)
+        for p_, k in zip(best_p.tolist(), best.tolist()):
+            print(f"{labels[k]}\t{p_:.4f}")
+        return 0
+
+    p.set_defaults(run=run)

@@ -1,0 +1,159 @@
+"""Sequence classification (e.g. SST-2 sentiment): labeled TSV/CSV -> BPE -> ``[BOS] tokens [EOS]`` ->
+encoder-only model -> CLS or mean pooling -> class logits, trained from scratch or from a masked-LM
+checkpoint (``[model] init_from = "runs/sst2-mlm/best"``), validated by accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.classification import LabeledData, collate_classification, load_labeled_text
+from aiayn.errors import AiaynError
+from aiayn.evaluate.classification import accuracy, precision_recall_f1
+from aiayn.models.build import build_model
+from aiayn.tasks.mlm import (
+    TOKENIZER_DEFAULTS,
+    TOKENIZER_FILE,
+    encoder_setup,
+    epoch_batches,
+    init_from,
+    load_encoder_weights,
+    split_off,
+)
+from aiayn.tokenize import Tokenizer
+from aiayn.train.losses import label_smoothed_nll
+from aiayn.train.recipe import resolve_path, take
+
+DATA_DEFAULTS: dict[str, Any] = {
+    "train": None, "valid": None, "val_fraction": 0.1, "text_column": None, "label_column": None,
+    "max_len": 128, "batch_size": 32, "eval_batch_size": 128,
+}
+
+
+def encode_for_classifier(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text followed by EOS (the collator prepends BOS, the CLS token, and cuts to
+    ``max_len``): ``[BOS] tokens [EOS]``, as in masked-LM pretraining."""
+    return [ids + [tok.eos_id] for ids in tok.encode_batch(list(texts))]
+
+
+@torch.no_grad()
+def predict_proba(model: torch.nn.Module, tok: Tokenizer, texts: Sequence[str], max_len: int,
+                  batch_size: int = 128) -> torch.Tensor:
+    """Class probabilities (N, C) of texts, in their order, from an encoder with a classification head."""
+    model.eval()
+    device = next(model.parameters()).device
+    ids = encode_for_classifier(tok, texts)
+    out = []
+    for i in range(0, len(ids), batch_size):
+        chunk = ids[i:i + batch_size]
+        b = collate_classification(chunk, [0] * len(chunk), tok.pad_id, max_len, cls_id=tok.bos_id)
+        logits = model(b.input_ids.to(device), b.attention_mask.to(device), task="classify").logits  # (b, C)
+        out.append(logits.float().softmax(-1).cpu())
+    return torch.cat(out) if out else torch.zeros(0, model.config.n_classes)
+
+
+class ClassificationTask:
+    """Sequence classification for the shared trainer (see ``recipes/sst2-scratch.toml``).
+
+    Args:
+        recipe: a loaded recipe with ``task = "classification"``.
+        resume_dir: a checkpoint whose tokenizer and model config to reuse (when resuming).
+        device: where the model and the batches live.
+        seed: seeds the model's initialization and the batch order.
+    """
+
+    select_metric = "accuracy"
+    select_mode = "max"
+
+    def __init__(self, recipe: dict[str, Any], *, resume_dir: Path | None = None,
+                 device: torch.device | str = "cpu", seed: int = 1) -> None:
+        self.data = take(recipe["data"], DATA_DEFAULTS, "data")
+        tok_cfg = take(recipe["tokenizer"], TOKENIZER_DEFAULTS, "tokenizer")
+        self.device, self.seed = torch.device(device), seed
+        train_path = resolve_path(recipe, self.data["train"])
+        if train_path is None:
+            raise AiaynError(f"{recipe.get('_path', 'recipe')}: [data] needs train = a labeled .tsv or .csv "
+                             "file (a label column and a text column)")
+        cols = {"text_column": self.data["text_column"], "label_column": self.data["label_column"]}
+        train = load_labeled_text(train_path, **cols)
+        self.labels = train.label_names
+        if self.data["valid"] is not None:
+            valid_path = resolve_path(recipe, self.data["valid"])
+            valid = load_labeled_text(valid_path, label_names=self.labels, **cols)
+        else:
+            train, valid = _split(train, self.data["val_fraction"])
+        if len(self.labels) < 2:
+            raise AiaynError(f"{train_path}: only one label ({self.labels}) occurs; a classifier needs at "
+                             "least 2")
+        section = recipe["model"]
+        forced: dict[str, Any] = {"arch": "encoder", "n_classes": len(self.labels)}
+        if "max_len" not in section and init_from(recipe) is None:
+            forced["max_len"] = int(self.data["max_len"])
+        self.tok, self.model_config, init_dir = encoder_setup(recipe, tok_cfg, train.texts, resume_dir,
+                                                              **forced)
+        self.max_len = min(int(self.data["max_len"]), self.model_config.max_len)
+        torch.manual_seed(seed)
+        self.model = build_model(self.model_config).to(self.device)
+        self.init_report: tuple[list[str], list[str]] | None = None
+        if init_dir is not None:
+            self.init_report = load_encoder_weights(self.model, init_dir)
+        self.train_ids, self.train_labels = encode_for_classifier(self.tok, train.texts), train.labels
+        self.valid = valid
+
+    def _collate(self, index: list[int]) -> dict[str, torch.Tensor]:
+        b = collate_classification([self.train_ids[i] for i in index], [self.train_labels[i] for i in index],
+                                   self.tok.pad_id, self.max_len, cls_id=self.tok.bos_id).to(self.device)
+        return {"ids": b.input_ids, "is_token": b.attention_mask, "labels": b.labels}
+
+    # ------------------------------------------------------------------ the Task protocol
+    def batches(self, position: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """Shuffled batches, reshuffled each epoch from (seed, epoch); resumable at (epoch, index)."""
+        epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
+        while True:
+            plan = epoch_batches(len(self.train_ids), int(self.data["batch_size"]), self.seed, epoch)
+            for i in range(index, len(plan)):
+                yield self._collate(plan[i].tolist()), {"epoch": epoch, "index": i + 1}
+            epoch, index = epoch + 1, 0
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        return int(batch["labels"].numel())
+
+    def loss(self, batch: dict[str, Any],
+             label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+        logits = self.model(batch["ids"], batch["is_token"], task="classify").logits  # (B, C)
+        loss, nll, n = label_smoothed_nll(logits, batch["labels"], label_smoothing)
+        return loss, int(n), {"nll": float(nll.detach())}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation accuracy, loss (mean NLL) and macro F1."""
+        probs = predict_proba(self.model, self.tok, self.valid.texts, self.max_len,
+                              int(self.data["eval_batch_size"]))  # (N, C)
+        gold = torch.tensor(self.valid.labels)
+        pred = probs.argmax(-1).tolist()
+        nll = -probs.gather(1, gold[:, None]).clamp_min(1e-12).log().mean()
+        report = precision_recall_f1(self.valid.labels, pred, list(range(len(self.labels))))
+        return {"accuracy": accuracy(self.valid.labels, pred), "loss": float(nll),
+                "macro_f1": report.macro.f1}
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"task": "classification", "model": self.model_config.to_dict(),
+                "tokenizers": {"text": TOKENIZER_FILE}, "labels": list(self.labels), "max_len": self.max_len}
+
+    def write_tokenizers(self, directory: Path) -> None:
+        self.tok.save(directory / TOKENIZER_FILE)
+
+
+def _split(data: LabeledData, fraction: float) -> tuple[LabeledData, LabeledData]:
+    idx = list(range(len(data)))
+    a, b = split_off(idx, fraction, data.path)
+
+    def part(ix: list[int]) -> LabeledData:
+        return LabeledData([data.texts[i] for i in ix], [data.labels[i] for i in ix], data.label_names,
+                           [data.lines[i] for i in ix], data.path)
+
+    return part(a), part(b)

@@ -1,0 +1,246 @@
+"""Masked-LM pretraining (BERT): sentences -> BPE -> ``[BOS] tokens [EOS]`` batches -> 15% of the tokens
+corrupted (80% ``<mask>``, 10% random, 10% kept) -> encoder-only model -> loss on the chosen positions.
+
+Also home of what the encoder tasks share: reading sentences (a TSV/CSV's text column, or the lines of
+a plain text file), batching them, and building an encoder from a recipe or from an earlier
+checkpoint (``[model] init_from``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.data.classification import load_labeled_text
+from aiayn.data.mlm import mask_tokens
+from aiayn.data.text_io import read_lines
+from aiayn.errors import AiaynError
+from aiayn.models.build import build_model
+from aiayn.tasks.translation import build_model_config
+from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.train.checkpoint import load_config, load_model_state
+from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
+from aiayn.train.recipe import resolve_path, take
+
+DATA_DEFAULTS: dict[str, Any] = {
+    "train": None, "valid": None, "val_fraction": 0.05, "text_column": None, "max_len": 128,
+    "batch_size": 64, "eval_batch_size": 128, "mlm_prob": 0.15, "mask_prob": 0.8, "random_prob": 0.1,
+}
+TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "min_frequency": 2}
+TOKENIZER_FILE = "tokenizer.json"
+TABLE_SUFFIXES = (".tsv", ".csv")
+
+
+# ------------------------------------------------------------------------------------ shared helpers
+def read_sentences(path: Path, text_column: str | int | None = None) -> list[str]:
+    """Texts for an encoder: the text column of a ``.tsv``/``.csv`` file (e.g. SST-2), else the
+    non-blank lines of a plain text file (``.gz`` allowed)."""
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    if suffixes and suffixes[-1] in TABLE_SUFFIXES:
+        return load_labeled_text(path, text_column=text_column).texts
+    lines = [x.strip() for x in read_lines(path)]
+    texts = [x for x in lines if x]
+    if not texts:
+        raise AiaynError(f"{path}: no text in the file; give one sentence per line")
+    return texts
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """Right-pad token lists into a (B, T) LongTensor."""
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+    return out
+
+
+def wrap(ids: Sequence[int], tok: Tokenizer, max_len: int) -> list[int]:
+    """``[BOS] ids [EOS]`` cut to ``max_len`` tokens (BOS is the CLS token the classifier pools)."""
+    return ([tok.bos_id] + list(ids) + [tok.eos_id])[:max_len]
+
+
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
+    """The example indices of every batch of an epoch, shuffled from (seed, epoch)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: list[str],
+                  resume_dir: Path | None, **forced: Any) -> tuple[Tokenizer, ModelConfig, Path | None]:
+    """The tokenizer and model config of an encoder task, and the checkpoint to initialize from.
+
+    Precedence: a resumed run reuses its own checkpoint's tokenizer and model config; ``[model] init_from``
+    (or ``[train] init_from``, see :func:`init_from`)
+    reuses that checkpoint's tokenizer and model config, with the other ``[model]`` keys as overrides;
+    otherwise a tokenizer is trained on ``train_texts`` and the model config comes from ``[model]``.
+
+    Returns:
+        ``(tokenizer, model config, init_from directory or None)``; the caller loads ``init_from``'s
+        weights after building the model (:func:`load_encoder_weights`), unless resuming.
+    """
+    section = dict(recipe["model"])
+    section.pop("init_from", None)
+    source_name = init_from(recipe)
+    init_dir = resolve_path(recipe, source_name) if source_name else None
+    source = resume_dir or init_dir
+    if source is not None:
+        meta = load_config(source)
+        if meta.get("model", {}).get("arch") != "encoder":
+            raise AiaynError(f"{source}: a {meta.get('task', 'unknown')!r} checkpoint with arch "
+                             f"{meta.get('model', {}).get('arch')!r}; init_from needs an encoder checkpoint "
+                             "(task mlm or classification)")
+        tok = load_tokenizer(Path(source) / meta.get("tokenizers", {}).get("text", TOKENIZER_FILE))
+        base = dict(meta["model"])
+        if resume_dir is not None:
+            section = {}
+        elif "preset" in section:
+            raise AiaynError(f"[model]: init_from = {source_name!r} takes the model from that checkpoint; "
+                             "remove preset (other [model] keys override the checkpoint's config)")
+        config = ModelConfig.from_dict({**base, **section, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
+                                        **forced}, f"{source}/config.json + [model]")
+        return tok, config, (None if resume_dir is not None else init_dir)
+    kw = {"min_frequency": tok_cfg["min_frequency"]} if tok_cfg["kind"] != "char" else {}
+    tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **kw)
+    return tok, build_model_config(section, vocab_size=tok.vocab_size, pad_id=tok.pad_id, **forced), None
+
+
+def init_from(recipe: dict[str, Any]) -> str | None:
+    """The checkpoint a recipe starts from: ``[model] init_from``, else ``[train] init_from``, else None."""
+    return recipe["model"].get("init_from") or recipe["train"].get("init_from")
+
+
+def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[str], list[str]]:
+    """Copy an encoder checkpoint's weights into ``model`` (non-strict) and print what did not match.
+
+    Returns:
+        ``(missing, unexpected)``: the model's parameters left at their fresh initialization, and the
+        checkpoint's tensors the model has no place for.
+    """
+    missing, unexpected = load_model_state(directory, model, strict=False)
+    loaded = len(model.state_dict()) - len(missing)
+    print(f"initialized {loaded} tensors from {directory}; newly initialized: {sorted(missing) or 'none'}; "
+          f"unused from the checkpoint: {sorted(unexpected) or 'none'}")
+    return list(missing), list(unexpected)
+
+
+def split_off(texts: list[Any], fraction: float, what: str) -> tuple[list[Any], list[Any]]:
+    """Hold out the last ``fraction`` of a list for validation."""
+    if not 0.0 < fraction < 1.0:
+        raise AiaynError(f"[data]: no validation file is given and val_fraction={fraction}; set data.valid "
+                         "or a val_fraction in (0, 1)")
+    cut = int(len(texts) * (1.0 - fraction))
+    if cut == len(texts) or cut == 0:
+        raise AiaynError(f"{what}: {len(texts)} examples are too few to hold out val_fraction={fraction}; "
+                         "set data.valid")
+    return texts[:cut], texts[cut:]
+
+
+# ------------------------------------------------------------------------------------ the task
+class MLMTask:
+    """Masked-LM pretraining of an encoder for the shared trainer (see ``recipes/sst2-mlm-pretrain.toml``).
+
+    Args:
+        recipe: a loaded recipe with ``task = "mlm"``.
+        resume_dir: a checkpoint whose tokenizer and model config to reuse (when resuming).
+        device: where the model and the batches live.
+        seed: seeds the model's initialization, the batch order and the masking.
+    """
+
+    select_metric = "loss"
+    select_mode = "min"
+
+    def __init__(self, recipe: dict[str, Any], *, resume_dir: Path | None = None,
+                 device: torch.device | str = "cpu", seed: int = 1) -> None:
+        self.data = take(recipe["data"], DATA_DEFAULTS, "data")
+        tok_cfg = take(recipe["tokenizer"], TOKENIZER_DEFAULTS, "tokenizer")
+        self.device, self.seed = torch.device(device), seed
+        train_path = resolve_path(recipe, self.data["train"])
+        if train_path is None:
+            raise AiaynError(f"{recipe.get('_path', 'recipe')}: [data] needs train = a .tsv/.csv file or a "
+                             "text file with one sentence per line")
+        train = read_sentences(train_path, self.data["text_column"])
+        if self.data["valid"] is not None:
+            valid = read_sentences(resolve_path(recipe, self.data["valid"]), self.data["text_column"])
+        else:
+            train, valid = split_off(train, self.data["val_fraction"], str(train_path))
+        section = recipe["model"]
+        forced: dict[str, Any] = {"arch": "encoder"}
+        if "max_len" not in section and init_from(recipe) is None:
+            forced["max_len"] = int(self.data["max_len"])
+        self.tok, self.model_config, init_dir = encoder_setup(recipe, tok_cfg, train, resume_dir, **forced)
+        self.max_len = min(int(self.data["max_len"]), self.model_config.max_len)
+        torch.manual_seed(seed)
+        self.model = build_model(self.model_config).to(self.device)
+        if init_dir is not None:
+            load_encoder_weights(self.model, init_dir)
+        self.train_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(train)]
+        self.valid_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(valid)]
+        t = self.tok
+        self.special = (t.pad_id, t.bos_id, t.eos_id, t.unk_id, t.mask_id)
+
+    def _masked(self, seqs: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        ids = pad_batch(seqs, self.tok.pad_id)  # (B, T)
+        masked, labels = mask_tokens(ids, mask_id=self.tok.mask_id, vocab_size=self.tok.vocab_size,
+                                     special_ids=self.special, generator=generator,
+                                     mlm_prob=self.data["mlm_prob"], mask_prob=self.data["mask_prob"],
+                                     random_prob=self.data["random_prob"])
+        return {"ids": masked.to(self.device), "labels": labels.to(self.device),
+                "is_token": (ids != self.tok.pad_id).to(self.device)}
+
+    # ------------------------------------------------------------------ the Task protocol
+    def batches(self, position: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """Shuffled sentence batches; the masking of batch (epoch, i) is drawn from a generator seeded by
+        (seed, epoch, i), so the position (epoch, index) alone resumes exactly."""
+        epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
+        bs = int(self.data["batch_size"])
+        while True:
+            plan = epoch_batches(len(self.train_ids), bs, self.seed, epoch)
+            for i in range(index, len(plan)):
+                gen = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_000_003 + i)
+                batch = self._masked([self.train_ids[j] for j in plan[i].tolist()], gen)
+                yield batch, {"epoch": epoch, "index": i + 1}
+            epoch, index = epoch + 1, 0
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        return int((batch["labels"] != IGNORE_INDEX).sum())
+
+    def _logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (N, V) at the N chosen positions only, and their labels (N,)."""
+        h = self.model(batch["ids"], batch["is_token"], task="hidden").logits  # (B, T, D)
+        chosen = batch["labels"] != IGNORE_INDEX  # (B, T)
+        return self.model.mlm_head(h[chosen]), batch["labels"][chosen]
+
+    def loss(self, batch: dict[str, Any],
+             label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+        logits, labels = self._logits(batch)
+        loss, nll, n = label_smoothed_nll(logits, labels, label_smoothing)
+        return loss, int(n), {"nll": float(nll.detach())}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, perplexity and accuracy on the masked positions of the validation sentences, masked the
+        same way at every evaluation."""
+        self.model.eval()
+        bs = int(self.data["eval_batch_size"])
+        gen = torch.Generator().manual_seed(12345)
+        total, count, correct = 0.0, 0, 0
+        for i in range(0, len(self.valid_ids), bs):
+            batch = self._masked(self.valid_ids[i:i + bs], gen)
+            logits, labels = self._logits(batch)
+            _, nll, n = label_smoothed_nll(logits, labels, 0.0)
+            total, count = total + float(nll), count + int(n)
+            correct += int((logits.argmax(-1) == labels).sum())
+        loss = total / max(count, 1)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "masked_accuracy": correct / max(count, 1)}
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"task": "mlm", "model": self.model_config.to_dict(), "tokenizers": {"text": TOKENIZER_FILE},
+                "max_len": self.max_len}
+
+    def write_tokenizers(self, directory: Path) -> None:
+        self.tok.save(directory / TOKENIZER_FILE)

@@ -1,0 +1,168 @@
+"""Translation end to end on a tiny model: recipe -> training -> checkpoint -> translate/evaluate commands,
+exact resume, checkpoint averaging, and the errors users hit (mismatched corpora, bad paths, bad overrides)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.data.download import MULTI30K_SHA256, download_multi30k
+from aiayn.data.synthetic import generate_corpus
+from aiayn.errors import AiaynError
+from aiayn.pretrained import load_pretrained
+from aiayn.tasks.registry import run_recipe
+from aiayn.train.metrics_log import read_metrics
+
+RECIPE = """
+task = "translation"
+[data]
+train_src = "{d}/train.src"
+train_tgt = "{d}/train.tgt.gz"
+valid_src = "{d}/valid.src"
+valid_tgt = "{d}/valid.tgt"
+batch_tokens = 400
+[tokenizer]
+kind = "word"
+vocab_size = 400
+min_frequency = 1
+[model]
+preset = "tiny"
+d_model = 32
+n_heads = 4
+d_ff = 64
+dropout = 0.1
+[train]
+out_dir = "{out}"
+max_steps = 12
+lr = 1.0
+warmup = 4
+eval_every = 6
+save_every = 3
+average_last = 3
+log_every = 1
+progress = false
+threads = 1
+[eval]
+bleu_sentences = 8
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    c = generate_corpus(300, 20, 20, seed=3)
+    (d / "train.src").write_text("\n".join(s for s, _ in c["train"]) + "\n", encoding="utf-8")
+    with gzip.open(d / "train.tgt.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(t for _, t in c["train"]) + "\n")
+    (d / "valid.src").write_text("\n".join(s for s, _ in c["valid"]) + "\n", encoding="utf-8")
+    (d / "valid.tgt").write_text("\n".join(t for _, t in c["valid"]) + "\n", encoding="utf-8")
+    return d
+
+
+def _recipe(tmp: Path, corpus: Path, name: str = "r.toml") -> Path:
+    p = tmp / name
+    p.write_text(RECIPE.format(d=corpus, out=tmp / "run"), encoding="utf-8")
+    return p
+
+
+def test_train_translate_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    result = run_recipe(_recipe(tmp_path, corpus_dir))
+    run = tmp_path / "run"
+    assert result.steps == 12
+    for sub in ("best", "last", "averaged"):
+        assert (run / sub / "model.safetensors").is_file()
+    assert (run / "last" / "training_state.pt").is_file()
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-12", "step-3", "step-6", "step-9"]
+    records = read_metrics(run / "metrics.jsonl")
+    assert any("val_bleu" in r for r in records) and any("avg_loss" in r for r in records)
+    assert (run / "learning_curve.png").stat().st_size > 0
+
+    pre = load_pretrained(run / "best")
+    assert pre.task == "translation" and pre.tokenizers["src"] is pre.tokenizers["tgt"]
+    capsys.readouterr()
+    src = tmp_path / "in.txt"
+    src.write_text("the dog sleeps\nthe women see the ball\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run / "best"), "-i", str(src), "--beam", "2", "--n-best", "2"]) == 0
+    lines = capsys.readouterr().out.strip().split("\n")
+    assert len(lines) == 2 and all(" ||| " in line for line in lines)
+
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--src", str(corpus_dir / "valid.src"),
+                 "--ref", str(corpus_dir / "valid.tgt")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"sacrebleu", "sacrebleu_signature", "tokenized_lowercase_bleu", "chrf"} <= set(report)
+    assert report["sentences"] == 20 and "nrefs:1" in report["sacrebleu_signature"]
+
+
+def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    run_recipe(_recipe(full, corpus_dir), ["train.eval_every=100", "train.save_every=4", "train.average_last=0"])
+    part = tmp_path / "part"
+    part.mkdir()
+    recipe = _recipe(part, corpus_dir)
+    run_recipe(recipe, ["train.max_steps=8", "train.eval_every=100", "train.save_every=4", "train.average_last=0"])
+    run_recipe(recipe, ["train.eval_every=100", "train.save_every=4", "train.average_last=0"], resume=True)
+    a = [r["train_loss"] for r in read_metrics(full / "run" / "metrics.jsonl") if "train_loss" in r]
+    b = [r["train_loss"] for r in read_metrics(part / "run" / "metrics.jsonl") if "train_loss" in r]
+    assert len(a) == len(b) == 12
+    assert a == pytest.approx(b, abs=1e-6)
+    wa = load_pretrained(full / "run" / "last").model.state_dict()
+    wb = load_pretrained(part / "run" / "last").model.state_dict()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_restart_without_resume_refuses_to_overwrite(tmp_path: Path, corpus_dir: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    recipe = _recipe(tmp_path, corpus_dir)
+    run_recipe(recipe, ["train.max_steps=2", "train.eval_every=100", "eval.bleu=false"])
+    assert main(["train", str(recipe), "train.max_steps=2"]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_mismatched_corpora_is_a_clear_error(tmp_path: Path, corpus_dir: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "corpus"
+    shutil.copytree(corpus_dir, bad)
+    lines = (bad / "train.src").read_text(encoding="utf-8").splitlines()
+    (bad / "train.src").write_text("\n".join(lines[:-5]) + "\n", encoding="utf-8")
+    assert main(["train", str(_recipe(tmp_path, bad))]) == 2
+    err = capsys.readouterr().err
+    assert "train.src" in err and "train.tgt.gz" in err and "295" in err and "300" in err
+    assert "Traceback" not in err
+
+
+def test_user_errors_name_the_problem(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    recipe = _recipe(tmp_path, corpus_dir)
+    assert main(["train", str(recipe), "model.d_modle=64"]) == 2
+    assert "did you mean 'd_model'" in capsys.readouterr().err
+    assert main(["train", str(recipe), "train.max_step=3"]) == 2
+    assert "max_steps" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "nope.toml")]) == 2
+    assert "nope.toml" in capsys.readouterr().err
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "checkpoint directory not found" in capsys.readouterr().err
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("the dog\nthe caf\xe9 sleeps\n".encode("latin-1"))
+    with pytest.raises(AiaynError, match=r"latin1.txt:2"):
+        from aiayn.data.text_io import read_lines
+
+        read_lines(latin)
+
+
+def test_download_checks_sha256_against_a_local_mirror(tmp_path: Path, shared_data: Path) -> None:
+    mirror = shared_data / "multi30k"
+    got = download_multi30k(tmp_path / "m30k", base_url=mirror.as_uri())
+    assert sorted(p.name for p in got) == sorted(MULTI30K_SHA256)
+    bad_mirror = tmp_path / "bad"
+    bad_mirror.mkdir()
+    for name in MULTI30K_SHA256:
+        (bad_mirror / name).write_bytes(b"not the file")
+    with pytest.raises(AiaynError, match="sha256"):
+        download_multi30k(tmp_path / "other", base_url=bad_mirror.as_uri())
+    assert not list((tmp_path / "other").glob("*.gz"))  # nothing half-written is left behind
