@@ -178,6 +178,14 @@ def test_too_small_grammar_is_reported() -> None:
         generate_corpus(50, 0, 6, seed=0, options=tiny)
 
 
+def test_bad_options_are_reported() -> None:
+    with pytest.raises(AiaynError, match="p_pp=1.5 is not a probability.*min_words"):
+        GrammarOptions(p_pp=1.5, min_words=9, max_words=8)
+    short = GrammarOptions(min_words=3, max_words=3, p_plural=0.0, p_indefinite=0.0, p_relative=1.0)
+    with pytest.raises(AiaynError, match="widen the length range"):
+        generate_pairs(10, seed=0, options=short)
+
+
 def test_sentence_space_is_large() -> None:
     """30k draws are almost all distinct: far more than 50k sentences are possible (with only 50k
     equally likely ones, 30k draws would give about 22.5k distinct)."""

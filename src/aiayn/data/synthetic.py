@@ -430,6 +430,17 @@ class GrammarOptions:
     min_words: int = 4
     max_words: int = 20
 
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name}={value} is not a probability in [0, 1]"
+            for name, value in vars(self).items()
+            if name.startswith("p_") and not 0.0 <= value <= 1.0
+        ]
+        if not 3 <= self.min_words <= self.max_words:
+            problems.append(f"need 3 <= min_words <= max_words, got {self.min_words} and {self.max_words}")
+        if problems:
+            raise AiaynError("GrammarOptions: " + "; ".join(problems))
+
 
 def _sample_np(rng: random.Random, o: GrammarOptions, kinds: Sequence[str]) -> NP:
     noun = rng.choice([n for n in NOUNS if n.kind in kinds])
@@ -495,6 +506,9 @@ def generate_pairs(n: int, seed: int, options: GrammarOptions | None = None) -> 
     Pairs may repeat (short sentences are drawn more than once); :func:`generate_corpus` gives
     distinct ones.
 
+    Raises:
+        AiaynError: if almost no sentence fits the length range of ``options``.
+
     Args:
         n: number of pairs.
         seed: random seed; the same seed (and options) always gives the same pairs.
@@ -506,7 +520,14 @@ def generate_pairs(n: int, seed: int, options: GrammarOptions | None = None) -> 
     o = options or GrammarOptions()
     rng = random.Random(seed)
     pairs: list[tuple[str, str]] = []
+    draws = 0
     while len(pairs) < n:
+        if draws >= 20 * n + 20_000:
+            raise AiaynError(
+                f"generate_pairs: only {len(pairs)} of {draws} drawn sentences have "
+                f"{o.min_words}-{o.max_words} words; widen the length range in GrammarOptions"
+            )
+        draws += 1
         s = sample_sentence(rng, o)
         en = render_english(s)
         if o.min_words <= len(en.split()) <= o.max_words:
