@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/aiayn demo
 
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -131,8 +131,8 @@ class ModelConfig:
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) \
                     or getattr(self, name) < 1:
                 p.append(f"{name}={getattr(self, name)!r} must be a positive integer")
-        for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes", "n_token_labels",
-                     "rope_original_max_len"):
+        for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
+                     "n_token_labels", "rope_original_max_len"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 p.append(f"{name}={v!r} must be a positive integer or null")

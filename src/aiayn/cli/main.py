@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 from aiayn.errors import AiaynError
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered by the ``aiayn.cli`` modules."""
-    from aiayn.cli import commands
-    from aiayn.cli import lm_commands  # noqa: F401  (registers generate and classify)
+    from aiayn.cli import (
+        commands,
+        lm_commands,  # noqa: F401  (registers generate and classify)
+    )
 
     parser = argparse.ArgumentParser(
         prog="aiayn",

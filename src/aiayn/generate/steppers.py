@@ -72,6 +72,7 @@ class Seq2SeqStepper:
         self.memory: Tensor | None
         self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (B, S)
         self.cache = model.new_cache(capacity)
+        self.source_row = torch.arange(src.shape[0], device=src.device)  # (N,) source sentence of each row
 
     def first(self) -> Tensor:
         """Feed BOS to every sentence: logits (B, V)."""
@@ -87,9 +88,17 @@ class Seq2SeqStepper:
         return out.logits[:, -1]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N',) of the cache and the source padding flags."""
-        self.cache.reorder(index)
-        self.src_is_token = self.src_is_token.index_select(0, index)
+        """Keep rows ``index`` (N',) of the cache and the source padding flags.
+
+        Beams reordered within their own sentence share one projected memory, so the cross-attention caches
+        are reordered only when the rows' source sentences change (beam expansion, finished sentences leaving).
+        """
+        source_row = self.source_row.index_select(0, index)
+        same_sources = source_row.shape == self.source_row.shape and bool((source_row == self.source_row).all())
+        self.source_row = source_row
+        self.cache.reorder(index, cross=not same_sources)
+        if not same_sources:
+            self.src_is_token = self.src_is_token.index_select(0, index)
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
 

@@ -38,10 +38,19 @@ class SelfAttnCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions."""
+        if self.k is None:
+            return
+        n = self.length
+        if index.shape[0] == self.k.shape[0]:  # same batch size (beam reordering): reuse the buffers
+            self.k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
+            self.v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+            return
+        k = self.k.new_empty(index.shape[0], *self.k.shape[1:])
+        v = self.v.new_empty(index.shape[0], *self.v.shape[1:])
+        k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
+        v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+        self.k, self.v = k, v
 
 
 class CrossAttnCache:
@@ -88,12 +97,17 @@ class DecoderCache:
             self.key_pos = torch.cat([self.key_pos, positions], dim=1)
         return self.key_mask, self.key_pos
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long in every layer (beam search)."""
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Keep batch rows ``index`` (B',) long in every layer (beam search).
+
+        ``cross=False`` leaves the cross-attention caches alone: right when every row keeps the same source
+        sentence (beams reordered within their sentence), whose projected memory is identical.
+        """
         for c in self.self_attn:
             c.reorder(index)
-        for c in self.cross_attn:
-            c.reorder(index)
+        if cross:
+            for c in self.cross_attn:
+                c.reorder(index)
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)

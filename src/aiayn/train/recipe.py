@@ -8,9 +8,10 @@ recipe's own folder.
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from aiayn.errors import AiaynError
 

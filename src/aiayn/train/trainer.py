@@ -280,6 +280,7 @@ def _plot(history: list[dict[str, Any]], out: Path) -> None:
     try:
         from aiayn.viz.curves import plot_learning_curves
 
-        plot_learning_curves(history, out / "learning_curve.png")
+        plot_learning_curves(history, out / "learning_curve.png", ys=("train_nll", "val_loss"),
+                             title="per-token NLL (train: running mean, no label smoothing)")
     except AiaynError as e:  # matplotlib missing: training results still stand
         tqdm.write(f"note: {e}")

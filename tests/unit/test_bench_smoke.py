@@ -1,0 +1,134 @@
+"""Smoke tests of the benchmark suite (``bench/``): each script's core function at a tiny size, so they cannot rot.
+
+They check what makes a comparison valid (same weights, same output lengths, matched batch counts), not speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+pytest.importorskip("transformers")
+import benchlib  # noqa: E402
+import generate_lm  # noqa: E402
+import matmul_peak  # noqa: E402
+import multi30k_epoch  # noqa: E402
+import profile_decode  # noqa: E402
+import run_all  # noqa: E402
+import train_throughput  # noqa: E402
+import translate_beam  # noqa: E402
+
+HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
+TINY_LM = generate_lm.LMSize(n_layers=1, d_model=32, n_heads=2, vocab_size=97, max_len=64)
+
+
+def test_alternate_interleaves_and_table_formats() -> None:
+    calls: list[str] = []
+    times = benchlib.alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, runs=2, warmup=1)
+    assert calls == ["a", "b"] * 3
+    assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
+    text = benchlib.table([{"x": 1.23456, "name": "n"}])
+    assert "1.23" in text and "name" in text
+    assert benchlib.peak_rss_mb() > 0
+
+
+def test_matmul_peak_counts_flops() -> None:
+    out = matmul_peak.matmul_peak(n=64, runs=2, warmup=0)
+    assert out["median_flops"] > 0 and out["best_flops"] >= out["median_flops"]
+
+
+def test_gpt2_weight_copy_gives_the_same_model() -> None:
+    ours, hf = generate_lm.build_pair(TINY_LM)
+    ids = torch.randint(0, TINY_LM.vocab_size, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_generate_bench_forces_equal_lengths() -> None:
+    out = generate_lm.bench_generate(TINY_LM, batches=(1, 2), prompt_len=3, new_tokens=4, runs=1, warmup=0)
+    assert [r["batch"] for r in out["rows"]] == [1, 2]
+    for r in out["rows"]:
+        assert r["aiayn_tok_s"] > 0 and r["hf_tok_s"] > 0 and r["ratio_vs_hf"] > 0
+        assert len(r["times_aiayn"]) == 1
+
+
+def test_translate_bench_forces_equal_lengths() -> None:
+    size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
+    out = translate_beam.bench_translate([size], batches=(2,), src_len=5, out_len=4, runs=1, warmup=0)
+    (row,) = out["rows"]
+    assert row["out_lengths"]["aiayn"] == [5] and row["out_lengths"]["transformers"] == [5]
+    if HAS_CT2:
+        assert row["out_lengths"]["ctranslate2"] == [5]
+        assert row["ct2_sent_s"] > 0
+    else:
+        assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
+
+
+def test_eos_mask_blocks_eos_until_the_last_call() -> None:
+    head = torch.nn.Linear(3, 5)
+    with translate_beam.EosMask(head, eos_id=2, n_calls=2) as mask:
+        outs = [head(torch.randn(1, 3)) for _ in range(3)]
+        mask.reset()
+        again = head(torch.randn(1, 3))
+    assert outs[0][0, 2] == float("-inf") and outs[1][0, 2] == float("-inf")
+    assert torch.isfinite(outs[2]).all() and again[0, 2] == float("-inf")
+    assert torch.isfinite(head(torch.randn(1, 3))).all()  # hook removed on exit
+
+
+def test_train_bench_runs_every_implementation() -> None:
+    cfg = dict(d_model=32, d_ff=64, n_heads=2, n_layers=1, vocab_size=120, max_len=64)
+    out = train_throughput.bench_train(quick=True, runs=1, warmup=0, memory=False, peak_flops=1e9, cfg=cfg,
+                                       shape=dict(batch=2, src=5, tgt=6))
+    impls = [(r["setup"], r["impl"]) for r in out["rows"]]
+    assert impls == [(s, i) for s, v in train_throughput.SETUPS.items() for i in v["impls"]]
+    for r in out["rows"]:
+        assert r["tok_s"] > 0 and r["mfu"] > 0
+        assert r["src"] == (0 if r["setup"].startswith("lm") else 5) and r["tgt"] == 6
+
+
+def test_torch_seq2seq_baseline_learns() -> None:
+    step, tokens = train_throughput.build_step("seq2seq-paper-base", "torch.nn.Transformer", cfg=dict(
+        d_model=32, d_ff=64, n_heads=2, n_layers=1, vocab_size=50, max_len=32, dropout=0.0),
+        shape=dict(batch=2, src=4, tgt=4))
+    losses = [step() for _ in range(30)]
+    assert tokens == 8 and losses[-1] < losses[0]
+
+
+def test_multi30k_epoch_bench_on_synthetic_pairs() -> None:
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(1, 20, (120,), generator=g).tolist()
+    src = [torch.randint(5, 40, (n,), generator=g).tolist() for n in lens]
+    tgt = [torch.randint(5, 40, (max(1, n + 2),), generator=g).tolist() for n in lens]
+    cfg = multi30k_epoch.recipe_config(40, d_model=16, n_heads=2, d_ff=32, n_layers=1, n_encoder_layers=1)
+    out = multi30k_epoch.bench_epoch(src, tgt, cfg, max_tokens=128, fraction=0.2)
+    rows = {r["batching"]: r for r in out["rows"]}
+    assert abs(rows["token_budget"]["batches"] - rows["fixed_size"]["batches"]) <= 1
+    assert rows["token_budget"]["padding"] < rows["fixed_size"]["padding"]
+    assert rows["fixed_size"]["speedup_vs_fixed"] == 1.0
+    assert all(r["slice_batches"] >= 1 and r["epoch_s_est"] >= r["slice_s"] for r in rows.values())
+
+
+def test_multi30k_loader_on_real_data(shared_data: Path) -> None:
+    if not (shared_data / "multi30k" / "train.en.gz").exists():
+        pytest.skip("multi30k not in shared data")
+    src, tgt, vocab, prep = multi30k_epoch.load_tokenized(shared_data / "multi30k", vocab_size=300, limit=200)
+    assert len(src) == len(tgt) > 150 and vocab <= 300 and set(prep) == {"read_s", "tokenizer_s", "encode_s"}
+
+
+def test_profile_summary_fields() -> None:
+    a = torch.randn(32, 32)
+    s = profile_decode.profile_fn(lambda: torch.relu(a @ a).sum(), steps=2, repeats=1, top=3)
+    assert s["gemm_attention_ms_per_step"] > 0 and s["aten_calls_per_step"] >= 1
+    assert len(s["top_aten"]) == 3 and s["top_python"]
+
+
+def test_run_all_knows_every_script() -> None:
+    for name in run_all.SCRIPTS:
+        assert (BENCH / f"{name}.py").is_file()
