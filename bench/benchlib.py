@@ -1,0 +1,148 @@
+"""Shared helpers for the benchmark scripts: thread setup, alternating timed runs, tables, JSON results.
+
+Every comparison in ``bench/`` follows the same rules: the contenders run in one process on the same machine,
+their runs alternate (A, B, C, A, B, C, ...) so that background load hits them alike, and we report the median
+of the timed runs and the ratio of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+THREADS = 2
+
+
+def setup(threads: int = THREADS, seed: int = 0) -> None:
+    """Pin torch to ``threads`` intra-op threads (and 1 inter-op thread) and seed it."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process (e.g. under pytest)
+        pass
+    torch.manual_seed(seed)
+
+
+def add_common_args(parser: argparse.ArgumentParser, runs: int | None = 5) -> None:
+    """Add the shared options ``--quick``, ``--threads``, and ``--runs`` (unless ``runs`` is None)."""
+    parser.add_argument("--quick", action="store_true", help="a small, fast version of the benchmark")
+    parser.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
+    if runs is not None:
+        parser.add_argument("--runs", type=int, default=None, help=f"timed runs each (default {runs})")
+
+
+def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1) -> dict[str, list[float]]:
+    """Time each callable ``runs`` times, interleaved (a, b, a, b, ...), after ``warmup`` untimed rounds.
+
+    Args:
+        fns: name -> zero-argument callable (one full unit of work, e.g. one generate call).
+        runs: timed rounds.
+        warmup: untimed rounds first (allocator, lazy init, caches).
+    Returns:
+        name -> list of ``runs`` wall times in seconds.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def median(xs: Sequence[float]) -> float:
+    """Median of a non-empty sequence."""
+    return float(statistics.median(xs))
+
+
+def spread(xs: Sequence[float]) -> float:
+    """Relative spread (max - min) / median of the timings, a quick noise indicator."""
+    m = median(xs)
+    return float((max(xs) - min(xs)) / m) if m > 0 else 0.0
+
+
+def fmt(x: Any) -> str:
+    """Format a table cell: floats with 3 significant digits (or 1 decimal when large), others as str."""
+    if isinstance(x, float):
+        if x != x:  # NaN
+            return "-"
+        if abs(x) >= 100:
+            return f"{x:,.1f}"
+        return f"{x:.3g}"
+    return str(x)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A plain-text table of ``rows`` (dicts), columns in the given order (default: keys of the first row)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join([line, sep, *body])
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "loadavg_1m": round(load[0], 2),
+    }
+
+
+def write_results(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
+    """Write ``payload`` plus machine info to ``<out_dir>/<name>.json`` (default ``bench/results``)."""
+    out_dir = out_dir or RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    data = {"benchmark": name, "machine": machine_info(), "time": stamp, **payload}
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (VmHWM), in MiB (psutil is not required)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    """Current resident set size (VmRSS) in MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")

@@ -1,0 +1,262 @@
+"""Training throughput (forward + backward + Adam step) at equal shapes, with MFU and peak memory.
+
+- Encoder-decoder, paper-base (512/2048/8, 6+6, vocab 32000), batch 16 x 32 source / 32 target tokens:
+  aiayn vs ``torch.nn.Transformer`` (+ shared embeddings, sinusoidal positions, tied output layer) vs
+  transformers ``MarianMTModel`` (the same post-LN/ReLU/sinusoidal architecture).
+- Decoder-only, GPT-2-small (768/3072/12, 12 layers, vocab 50257), batch 8 x 128: aiayn vs
+  ``GPT2LMHeadModel``.
+
+Dropout 0.1 on embeddings and residual branches everywhere, none on attention weights or the FFN hidden layer
+(torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss: token
+cross-entropy over all positions; optimizer: ``torch.optim.Adam``. Runs alternate (one step per run).
+
+MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s
+(:mod:`matmul_peak`); tokens are target tokens. Peak memory: each configuration trains 2 steps in its own
+subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports.
+
+    .venv/bin/python bench/train_throughput.py
+    .venv/bin/python bench/train_throughput.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from matmul_peak import matmul_peak  # noqa: E402
+
+from aiayn import ModelConfig, build_model  # noqa: E402
+from aiayn.models import forward_flops_per_token  # noqa: E402
+from aiayn.nn.positions import sinusoidal_table  # noqa: E402
+
+DROPOUT = 0.1
+
+# name -> (config overrides, batch, src_len, tgt_len, implementations); "quick" variants are tiny
+SETUPS: dict[str, dict[str, Any]] = {
+    "seq2seq-paper-base": dict(preset="paper-base", cfg=dict(vocab_size=32000), batch=16, src=32, tgt=32,
+                               impls=("aiayn", "torch.nn.Transformer", "transformers-marian")),
+    "lm-gpt2-small": dict(preset="gpt2-small", cfg=dict(activation="gelu"), batch=8, src=0, tgt=128,
+                          impls=("aiayn", "transformers-gpt2")),
+}
+QUICK_CFG = dict(d_model=128, d_ff=512, n_heads=4, n_layers=2)
+
+
+def model_config(setup: str, quick: bool = False, overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The aiayn config of a setup (shrunk when ``quick``, then overridden); every peer is built to match."""
+    s = SETUPS[setup]
+    over = {**s["cfg"], "dropout": DROPOUT, **(QUICK_CFG if quick else {})}
+    if quick:
+        over["vocab_size"] = 4000
+    return ModelConfig.preset(s["preset"], **{**over, **(overrides or {})})
+
+
+def setup_shape(setup: str, shape: dict[str, int] | None = None) -> dict[str, int]:
+    """Batch size and source/target lengths of a setup, with overrides (``src`` stays 0 for decoder-only)."""
+    s = SETUPS[setup]
+    out = {"batch": s["batch"], "src": s["src"], "tgt": s["tgt"], **(shape or {})}
+    if not s["src"]:
+        out["src"] = 0
+    return out
+
+
+class TorchSeq2Seq(nn.Module):
+    """``torch.nn.Transformer`` with the paper's embeddings: shared, scaled by sqrt(D), sinusoidal positions,
+    output layer tied to the embedding. Only residual and embedding dropout, like aiayn's default."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.register_buffer("pe", sinusoidal_table(c.max_len, c.d_model), persistent=False)
+        self.scale = math.sqrt(c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.core = nn.Transformer(c.d_model, c.n_heads, c.encoder_layers, c.n_layers, c.d_ff, c.dropout,
+                                   batch_first=True, norm_first=False, layer_norm_eps=c.norm_eps)
+        for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+            layer.dropout.p = 0.0  # FFN hidden dropout off
+            layer.self_attn.dropout = 0.0  # attention-weight dropout off
+            if hasattr(layer, "multihead_attn"):
+                layer.multihead_attn.dropout = 0.0
+        self.out = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.out.weight = self.embed.weight
+
+    def _emb(self, ids: Tensor) -> Tensor:
+        return self.drop(self.embed(ids) * self.scale + self.pe[: ids.shape[1]])  # (B, T, D)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """src (B, S), tgt (B, T) -> logits (B, T, V)."""
+        t = tgt.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=tgt.device)
+        h = self.core(self._emb(src), self._emb(tgt), tgt_mask=causal, tgt_is_causal=True)
+        return self.out(h)
+
+
+def marian_for(c: ModelConfig) -> nn.Module:
+    """A transformers ``MarianMTModel`` with aiayn config ``c``'s shapes (post-LN, ReLU, static sinusoids)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    v = c.vocab_size
+    cfg = MarianConfig(vocab_size=v, d_model=c.d_model, encoder_layers=c.encoder_layers,
+                       decoder_layers=c.n_layers, encoder_attention_heads=c.n_heads,
+                       decoder_attention_heads=c.n_heads,
+                       encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
+                       scale_embedding=True, max_position_embeddings=c.max_len, pad_token_id=v - 1,
+                       decoder_start_token_id=v - 1, eos_token_id=0, dropout=c.dropout, attention_dropout=0.0,
+                       activation_dropout=0.0)
+    return MarianMTModel(cfg)
+
+
+def gpt2_for(c: ModelConfig) -> nn.Module:
+    """A transformers ``GPT2LMHeadModel`` with aiayn config ``c``'s shapes (exact GELU, as aiayn's)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model, n_layer=c.n_layers,
+                     n_head=c.n_heads, n_inner=c.d_ff, activation_function="gelu", resid_pdrop=c.dropout,
+                     embd_pdrop=c.dropout, attn_pdrop=0.0, bos_token_id=c.vocab_size - 1,
+                     eos_token_id=c.vocab_size - 1)
+    return GPT2LMHeadModel(cfg)
+
+
+def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: dict[str, Any] | None = None,
+               shape: dict[str, int] | None = None) -> tuple[Callable[[], float], int]:
+    """Build one implementation of a setup and return (``step()`` -> loss, target tokens per step).
+
+    Each ``step()`` is one training step on a fixed random batch: forward, loss, backward, Adam, zero_grad.
+    ``cfg`` and ``shape`` override the setup's model config and its batch/src/tgt sizes (for smoke tests).
+    """
+    s, c = setup_shape(setup, shape), model_config(setup, quick, cfg)
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    b, v = s["batch"], c.vocab_size
+    tgt = torch.randint(5, v - 2, (b, s["tgt"] + 1), generator=g)
+    tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # (B, T) each
+    src = torch.randint(5, v - 2, (b, s["src"]), generator=g) if s["src"] else None
+    forward: Callable[[], Tensor]
+    if impl == "aiayn":
+        model = build_model(c)
+        forward = (lambda: model(src, tgt_in).logits) if src is not None else (lambda: model(tgt_in).logits)
+    elif impl == "torch.nn.Transformer":
+        model = TorchSeq2Seq(c)
+        forward = lambda: model(src, tgt_in)  # noqa: E731
+    elif impl == "transformers-marian":
+        model = marian_for(c)
+        mask = torch.ones_like(src)
+        forward = lambda: model(input_ids=src, attention_mask=mask,  # noqa: E731
+                                decoder_input_ids=tgt_in).logits
+    elif impl == "transformers-gpt2":
+        model = gpt2_for(c)
+        forward = lambda: model(input_ids=tgt_in).logits  # noqa: E731
+    else:
+        raise ValueError(f"unknown implementation {impl!r}")
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def step() -> float:
+        logits = forward()  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step, b * s["tgt"]
+
+
+def measure_memory(setup: str, impl: str, quick: bool) -> dict[str, float]:
+    """Peak RSS of 2 training steps of one configuration, measured in a fresh subprocess."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-worker", setup, impl,
+           "--threads", str(torch.get_num_threads())]
+    if quick:
+        cmd.append("--quick")
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        print(f"memory worker {setup}/{impl} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+        return {"peak_rss_mb": float("nan"), "delta_rss_mb": float("nan")}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _memory_worker(setup: str, impl: str, quick: bool) -> None:
+    if impl.startswith("transformers"):
+        import transformers  # noqa: F401  (imported before the baseline, like torch)
+    base = benchlib.current_rss_mb()
+    step, _ = build_step(setup, impl, quick)
+    for _ in range(2):
+        step()
+    peak = benchlib.peak_rss_mb()
+    print(json.dumps({"peak_rss_mb": peak, "delta_rss_mb": peak - base}))
+
+
+def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int = 5, warmup: int = 1,
+                memory: bool = True, peak_flops: float | None = None, cfg: dict[str, Any] | None = None,
+                shape: dict[str, int] | None = None) -> dict[str, Any]:
+    """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation).
+
+    ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; not with ``memory``).
+    """
+    setups = setups or list(SETUPS)
+    if peak_flops is None:
+        peak_flops = matmul_peak(1024 if quick else 2048, runs=5)["median_flops"]
+    rows = []
+    for setup in setups:
+        impls, s, c = SETUPS[setup]["impls"], setup_shape(setup, shape), model_config(setup, quick, cfg)
+        steps, tokens = {}, 0
+        for impl in impls:
+            steps[impl], tokens = build_step(setup, impl, quick, cfg=cfg, shape=shape)
+        times = benchlib.alternate(steps, runs=runs, warmup=warmup)
+        flops_tok = 3 * forward_flops_per_token(c, src_len=s["src"], tgt_len=s["tgt"])
+        t_ours = benchlib.median(times["aiayn"])
+        for impl in impls:
+            t = benchlib.median(times[impl])
+            row: dict[str, Any] = {
+                "setup": setup, "impl": impl, "batch": s["batch"], "src": s["src"], "tgt": s["tgt"],
+                "tok_s": tokens / t, "step_ms": 1e3 * t, "aiayn_speedup": t / t_ours,
+                "mfu": flops_tok * tokens / t / peak_flops, "times": times[impl],
+            }
+            if memory:
+                row.update(measure_memory(setup, impl, quick))
+            rows.append(row)
+        del steps
+    return {"peak_flops": peak_flops, "runs": runs, "quick": quick, "rows": rows}
+
+
+COLUMNS = ["setup", "impl", "batch", "src", "tgt", "tok_s", "step_ms", "aiayn_speedup", "mfu", "peak_rss_mb",
+           "delta_rss_mb"]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    """CLI entry point: run, print the table, write ``bench/results/train_throughput.json``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    benchlib.add_common_args(p)  # --quick: tiny models (2 layers x 128), 3 runs
+    p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=None)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory subprocesses")
+    p.add_argument("--memory-worker", nargs=2, metavar=("SETUP", "IMPL"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    benchlib.setup(args.threads)
+    if args.memory_worker:
+        _memory_worker(*args.memory_worker, args.quick)
+        return None
+    t0 = time.perf_counter()
+    payload = bench_train(args.setups, quick=args.quick, runs=args.runs or (3 if args.quick else 5),
+                          memory=not args.no_memory)
+    payload["wall_s"] = time.perf_counter() - t0
+    print(f"training throughput (fwd+bwd+Adam), median of {payload['runs']} alternating steps; "
+          f"MFU vs measured fp32 matmul peak {payload['peak_flops'] / 1e9:.1f} GFLOP/s")
+    print(benchlib.table(payload["rows"], COLUMNS))
+    print(f"written {benchlib.write_results('train_throughput', payload)} ({payload['wall_s']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
