@@ -1,8 +1,14 @@
 """Where aiayn's batch-1 decoding spends its time: greedy generation and beam-4 translation.
 
-For each case: wall time per decoder step; what ``torch.profiler`` attributes to matmul/attention kernels, to
-all other aten ops, and what is left (Python: module calls, search bookkeeping, dispatch); aten ops launched
-per step; the heaviest aten ops; and the heaviest Python functions under ``cProfile``.
+1. Per-step fixed overhead: the same decoders (same layer count, same code path) at a tiny width, where nearly
+   all time is Python and dispatch, timed against the same peers (HF, CTranslate2) in alternating runs. With
+   the real-size times this bounds what removing overhead can buy: ``hf_real / (ours_real - ours_floor)``.
+2. For aiayn at the real size: wall time per decoder step; what ``torch.profiler`` attributes to matmul and
+   attention kernels, to all other aten ops, and what is left (Python, dispatch, profiler); aten ops launched
+   per step; the heaviest aten ops; and the heaviest Python functions under ``cProfile``.
+
+Runs with 1 thread by default: on a shared machine 2-thread runs are dominated by scheduling waits, which
+blur the attribution.
 
     .venv/bin/python bench/profile_decode.py
     .venv/bin/python bench/profile_decode.py --quick
@@ -14,6 +20,7 @@ import argparse
 import cProfile
 import pstats
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +31,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import generate_lm  # noqa: E402
+import translate_beam  # noqa: E402
 from generate_lm import LMSize  # noqa: E402
 from translate_beam import EOS, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa: E402
 
@@ -114,22 +123,53 @@ def print_summary(title: str, s: dict[str, Any]) -> None:
     print(benchlib.table(s["top_python"]))
 
 
+def overhead_floors(runs: int, new_tokens: int, out_len: int = 20) -> list[dict[str, Any]]:
+    """Per-step ms of aiayn and its peers at batch 1, at the real size and at a tiny width (the fixed overhead)."""
+    rows = []
+    for label, lm in (("real", LMSize()), ("tiny", LMSize(d_model=24, vocab_size=64))):
+        ours, hf = generate_lm.build_pair(lm)
+        r = generate_lm.run_case(ours, hf, 1, 16, new_tokens, runs)
+        rows.append({"case": "greedy", "width": label, "aiayn_ms_per_step": r["aiayn_ms_per_step"],
+                     "hf_ms_per_step": r["hf_ms_per_step"], "ct2_ms_per_step": float("nan")})
+    for label, size in (("real", SIZES["multi30k"]), ("tiny", Seq2SeqSize("tiny", 16, 16, 4, 3, 64))):
+        torch.manual_seed(0)
+        ours, hf = translate_beam.aiayn_model(size), translate_beam.marian_model(size)
+        with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
+            ct2 = translate_beam.convert_to_ct2(hf, Path(tmp))
+            r = translate_beam.run_case(size, ours, hf, ct2, 1, 20, out_len, runs)
+        ms = {k: 1e3 * benchlib.median(v) / r["steps"] for k, v in r["times"].items()}
+        rows.append({"case": "beam-4", "width": label, "aiayn_ms_per_step": ms["aiayn"],
+                     "hf_ms_per_step": ms["transformers"], "ct2_ms_per_step": ms.get("ctranslate2", float("nan"))})
+    for case in ("greedy", "beam-4"):
+        real, tiny = (next(r for r in rows if r["case"] == case and r["width"] == w) for w in ("real", "tiny"))
+        real["ratio_vs_hf"] = real["hf_ms_per_step"] / real["aiayn_ms_per_step"]
+        real["ratio_vs_hf_if_no_overhead"] = real["hf_ms_per_step"] / max(
+            real["aiayn_ms_per_step"] - tiny["aiayn_ms_per_step"], 1e-9)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """CLI entry point: profile both cases, print, write ``bench/results/profile_decode.json``."""
+    """CLI entry point: measure overhead floors, profile both cases, print, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    benchlib.add_common_args(p, runs=None)  # --quick: 2-layer LM, 32 new tokens
+    benchlib.add_common_args(p, runs=5)  # --quick: 2-layer LM, 32 new tokens, 3 runs
+    p.set_defaults(threads=1)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
+    runs, new_tokens = args.runs or (3 if args.quick else 5), 32 if args.quick else 128
+    floors = overhead_floors(runs, new_tokens)
+    print(f"per-step ms at batch 1, real size vs tiny width (fixed overhead), {torch.get_num_threads()} thread(s)")
+    print(benchlib.table(floors, ["case", "width", "aiayn_ms_per_step", "hf_ms_per_step", "ct2_ms_per_step",
+                                  "ratio_vs_hf", "ratio_vs_hf_if_no_overhead"]))
     lm = LMSize(n_layers=2) if args.quick else LMSize()
-    fn, steps = greedy_case(lm, 32 if args.quick else 128)
+    fn, steps = greedy_case(lm, new_tokens)
     greedy = profile_fn(fn, steps)
-    print_summary(f"greedy batch 1, GPT-2-like {lm.n_layers}x{lm.d_model}", greedy)
+    print_summary(f"aiayn greedy batch 1, GPT-2-like {lm.n_layers}x{lm.d_model}", greedy)
     fn, steps, mask = beam_case(SIZES["multi30k"], 20)
     with mask:
         beam = profile_fn(fn, steps)
-    print_summary("beam-4 batch 1, multi30k size", beam)
-    payload = {"greedy": greedy, "beam": beam, "wall_s": time.perf_counter() - t0}
+    print_summary("aiayn beam-4 batch 1, multi30k size", beam)
+    payload = {"floors": floors, "greedy": greedy, "beam": beam, "wall_s": time.perf_counter() - t0}
     print(f"written {benchlib.write_results('profile_decode', payload)} ({payload['wall_s']:.0f} s)")
     return payload
 

@@ -141,6 +141,53 @@ class Tokenizer(ABC):
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
 
 
+class TableTokenizer(Tokenizer):
+    """Base of tokenizers with an explicit vocabulary list (char, word): ids are positions in ``_itos``.
+
+    Subclasses set ``_itos`` (special tokens first, then the vocabulary), ``_stoi`` (vocabulary only),
+    ``separator`` (how decoded pieces join) and implement :meth:`pieces` (text -> tokens).
+    """
+
+    separator = ""
+    _itos: list[str]
+    _stoi: dict[str, int]
+
+    def pieces(self, text: str) -> list[str]:
+        """Split text into the units the vocabulary holds."""
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._itos)
+
+    def encode(self, text: str) -> list[int]:
+        get = self._stoi.get
+        return [get(p, UNK_ID) for p in self.pieces(text)]
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        out = []
+        for i in ids:
+            i = int(i)
+            if 0 <= i < NUM_SPECIAL and skip_special:
+                continue
+            self._check_id(i)
+            out.append(self._itos[i])
+        return self.separator.join(out)
+
+    def token_to_id(self, token: str) -> int | None:
+        if token in SPECIAL_TOKENS:
+            return SPECIAL_TOKENS.index(token)
+        return self._stoi.get(token)
+
+    def id_to_token(self, idx: int) -> str:
+        self._check_id(idx)
+        return self._itos[idx]
+
+    def normalize(self, text: str) -> str:
+        stoi = self._stoi
+        return self.separator.join(p for p in self.pieces(text) if p in stoi)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``.
 

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiayn.errors import AiaynError
-from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, Tokenizer, require_keys
+from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, TableTokenizer, require_keys
 
 
-class CharTokenizer(Tokenizer):
+class CharTokenizer(TableTokenizer):
     """Maps each character to an id; the vocabulary is the special tokens, then the sorted characters.
 
     No normalization is applied: ``"\\n"``, tabs and runs of spaces are kept exactly. A character
@@ -21,6 +21,7 @@ class CharTokenizer(Tokenizer):
     """
 
     kind = "char"
+    separator = ""
 
     def __init__(self, chars: Sequence[str]) -> None:
         chars = list(chars)
@@ -37,36 +38,8 @@ class CharTokenizer(Tokenizer):
             seen.update(t)
         return cls(sorted(seen))
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._itos)
-
-    def encode(self, text: str) -> list[int]:
-        get = self._stoi.get
-        return [get(c, UNK_ID) for c in text]
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        itos, out = self._itos, []
-        for i in ids:
-            i = int(i)
-            if 0 <= i < NUM_SPECIAL and skip_special:
-                continue
-            self._check_id(i)
-            out.append(itos[i])
-        return "".join(out)
-
-    def token_to_id(self, token: str) -> int | None:
-        if token in SPECIAL_TOKENS:
-            return SPECIAL_TOKENS.index(token)
-        return self._stoi.get(token)
-
-    def id_to_token(self, idx: int) -> str:
-        self._check_id(idx)
-        return self._itos[idx]
-
-    def normalize(self, text: str) -> str:
-        stoi = self._stoi
-        return "".join(c for c in text if c in stoi)
+    def pieces(self, text: str) -> list[str]:
+        return list(text)
 
     def to_dict(self) -> dict[str, Any]:
         return {"chars": self._itos[NUM_SPECIAL:]}

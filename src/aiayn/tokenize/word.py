@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiayn.errors import AiaynError
-from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, UNK_ID, Tokenizer, require_keys
+from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, TableTokenizer, require_keys
 
 # A word is a run of letters/digits/underscore; every other non-space character is a token by itself.
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -23,7 +23,7 @@ def split_words(text: str) -> list[str]:
     return _TOKEN_RE.findall(unicodedata.normalize("NFKC", text))
 
 
-class WordTokenizer(Tokenizer):
+class WordTokenizer(TableTokenizer):
     """One id per word of a fixed vocabulary; other words encode to ``<unk>``.
 
     Decoding joins tokens with single spaces, so ``normalize("Hi, you!") == "Hi , you !"``; words
@@ -34,6 +34,7 @@ class WordTokenizer(Tokenizer):
     """
 
     kind = "word"
+    separator = " "
 
     def __init__(self, words: Sequence[str]) -> None:
         words = list(words)
@@ -67,36 +68,8 @@ class WordTokenizer(Tokenizer):
         words = [w for w, _ in items]
         return cls(words if max_size is None else words[:max_size])
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._itos)
-
-    def encode(self, text: str) -> list[int]:
-        get = self._stoi.get
-        return [get(w, UNK_ID) for w in split_words(text)]
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        itos, out = self._itos, []
-        for i in ids:
-            i = int(i)
-            if 0 <= i < NUM_SPECIAL and skip_special:
-                continue
-            self._check_id(i)
-            out.append(itos[i])
-        return " ".join(out)
-
-    def token_to_id(self, token: str) -> int | None:
-        if token in SPECIAL_TOKENS:
-            return SPECIAL_TOKENS.index(token)
-        return self._stoi.get(token)
-
-    def id_to_token(self, idx: int) -> str:
-        self._check_id(idx)
-        return self._itos[idx]
-
-    def normalize(self, text: str) -> str:
-        stoi = self._stoi
-        return " ".join(w for w in split_words(text) if w in stoi)
+    def pieces(self, text: str) -> list[str]:
+        return split_words(text)
 
     def to_dict(self) -> dict[str, Any]:
         return {"words": self._itos[NUM_SPECIAL:]}
