@@ -90,23 +90,30 @@ class TransformerStack(nn.Module):
         if is_token is None and not self.causal:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
+        padded = is_token is not None and not bool(is_token.all())  # no host sync when is_token is None
         if cache is not None:
             new_is_token = is_token if is_token is not None else torch.ones(b, t, dtype=torch.bool,
                                                                               device=ids.device)
-            key_is_token, key_pos = cache.extend(new_is_token, positions.expand(b, t))
+            key_is_token, key_pos = cache.extend(new_is_token, positions.expand(b, t), padded)
+            padded = cache.padded
         s = key_pos.shape[1]
 
         # ---- self-attention mask: causal / window / padding / extra, as one bool mask or the causal fast path
         mask = attn_mask
-        if key_is_token is not None and not bool(key_is_token.all()):
+        if padded:
             mask = M.combine(mask, M.padding_mask(key_is_token))
         if self.causal and c.sliding_window is not None and s > c.sliding_window:
             mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
         is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
         bias = self.pos_bias(positions, key_pos) if self.pos_bias is not None else None
         rotary = self.rotary(positions) if self.rotary is not None else None
-        memory_mask = (M.padding_mask(memory_is_token)
-                       if memory_is_token is not None and not bool(memory_is_token.all()) else None)
+        if cache is not None and cache.cross_attn and cache.memory_mask_ready:
+            memory_mask = cache.memory_mask  # computed once per source batch, not at every step
+        else:
+            memory_mask = (M.padding_mask(memory_is_token)
+                           if memory_is_token is not None and not bool(memory_is_token.all()) else None)
+            if cache is not None and cache.cross_attn:
+                cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
         x = self.embed(ids) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:

@@ -75,6 +75,8 @@ class DecoderCache:
         cross_attn: one :class:`CrossAttnCache` per layer (empty list for decoder-only models).
         key_mask: (B, length) bool, True at real (non-padding) cached positions.
         key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases).
+        padded: whether any cached position is padding (so a key mask is needed).
+        memory_mask: the cross-attention padding mask (B, 1, 1, S) or None, valid while ``memory_mask_ready``.
     """
 
     def __init__(self, n_layers: int, capacity: int, cross: bool = False) -> None:
@@ -82,14 +84,21 @@ class DecoderCache:
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
         self.key_pos: Tensor | None = None
+        self.padded = False
+        self.memory_mask: Tensor | None = None
+        self.memory_mask_ready = False
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
         return 0 if self.key_pos is None else self.key_pos.shape[1]
 
-    def extend(self, is_token: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Record the new positions' padding flags and ids, both (B, t); return the full (B, length) ones."""
+    def extend(self, is_token: Tensor, positions: Tensor, padded: bool = False) -> tuple[Tensor, Tensor]:
+        """Record the new positions' padding flags and ids, both (B, t); return the full (B, length) ones.
+
+        ``padded`` says whether any of the new positions is padding (the caller knows without a host sync).
+        """
+        self.padded = self.padded or padded
         if self.key_pos is None:
             self.key_mask, self.key_pos = is_token, positions
         else:
@@ -108,6 +117,7 @@ class DecoderCache:
         if cross:
             for c in self.cross_attn:
                 c.reorder(index)
+            self.memory_mask_ready = False  # the rows' sources changed: recompute from the new padding flags
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)
