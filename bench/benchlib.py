@@ -113,9 +113,14 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
-    """Write ``payload`` plus machine info to ``<out_dir>/<name>.json`` (default ``bench/results``)."""
-    out_dir = out_dir or RESULTS_DIR
+def write_results(name: str, payload: dict[str, Any], quick: bool = False,
+                  out_dir: Path | None = None) -> Path:
+    """Write ``payload`` plus machine info to ``<out_dir>/<name>.json``.
+
+    The default directory is ``bench/results``, or ``bench/results/quick`` for ``--quick`` runs (so that quick
+    runs never overwrite real-size results).
+    """
+    out_dir = out_dir or (RESULTS_DIR / "quick" if quick else RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     payload["wall_s"] = time.perf_counter() - t0
     print(f"greedy generation, GPT-2-like {payload['size']}, median of {payload['runs']} alternating runs")
     print(benchlib.table(payload["rows"], COLUMNS))
-    print(f"written {benchlib.write_results('generate_lm', payload)} ({payload['wall_s']:.0f} s)")
+    path = benchlib.write_results("generate_lm", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
 

@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"token budget {payload['max_tokens']} vs fixed batch size {payload['fixed_batch_size']}; "
           f"prep {sum(prep.values()):.1f} s (BPE training {prep['tokenizer_s']:.1f} s)")
     print(benchlib.table(payload["rows"], COLUMNS))
-    print(f"written {benchlib.write_results('multi30k_epoch', payload)} ({payload['wall_s']:.0f} s)")
+    path = benchlib.write_results("multi30k_epoch", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
 

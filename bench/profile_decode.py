@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         beam = profile_fn(fn, steps)
     print_summary("aiayn beam-4 batch 1, multi30k size", beam)
     payload = {"floors": floors, "greedy": greedy, "beam": beam, "wall_s": time.perf_counter() - t0}
-    print(f"written {benchlib.write_results('profile_decode', payload)} ({payload['wall_s']:.0f} s)")
+    path = benchlib.write_results("profile_decode", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
 

@@ -24,9 +24,14 @@ SCRIPTS = ["matmul_peak", "generate_lm", "translate_beam", "train_throughput", "
            "profile_decode"]
 
 
-def run_script(name: str, quick: bool, threads: int) -> dict[str, Any]:
-    """Run ``bench/<name>.py`` in a subprocess (output streamed through); returns its status and wall time."""
-    cmd = [sys.executable, str(HERE / f"{name}.py"), "--threads", str(threads)]
+def run_script(name: str, quick: bool, threads: int | None) -> dict[str, Any]:
+    """Run ``bench/<name>.py`` in a subprocess (output streamed through); returns its status and wall time.
+
+    ``threads`` None leaves each script its default (2; ``profile_decode`` 1).
+    """
+    cmd = [sys.executable, str(HERE / f"{name}.py")]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
     if quick:
         cmd.append("--quick")
     print(f"\n######## {' '.join(cmd[1:])}", flush=True)
@@ -38,14 +43,16 @@ def run_script(name: str, quick: bool, threads: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """CLI entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    benchlib.add_common_args(p, runs=None)
+    p.add_argument("--quick", action="store_true", help="small, fast versions of every benchmark")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for every script (default: "
+                   "each script's own, 2 for comparisons and 1 for profile_decode)")
     p.add_argument("--only", nargs="+", choices=SCRIPTS, default=None, help="run only these scripts")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     rows = [run_script(name, args.quick, args.threads) for name in (args.only or SCRIPTS)]
     payload = {"quick": args.quick, "threads": args.threads, "rows": rows, "wall_s": time.perf_counter() - t0}
     print("\n" + benchlib.table(rows))
-    print(f"total {payload['wall_s']:.0f} s; written {benchlib.write_results('run_all', payload)}")
+    print(f"total {payload['wall_s']:.0f} s; written {benchlib.write_results('run_all', payload, quick=args.quick)}")
     if any(r["returncode"] for r in rows):
         sys.exit(1)
     return payload

@@ -79,6 +79,9 @@ class TorchSeq2Seq(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        with torch.no_grad():  # the paper's N(0, d^-1/2), as aiayn; nn.Embedding's N(0, 1) would make the tied
+            self.embed.weight.normal_(0.0, c.d_model**-0.5)  # logits so peaked that softmax underflows to
+            self.embed.weight[c.pad_id].zero_()  # denormals, and the backward matmuls crawl
         self.register_buffer("pe", sinusoidal_table(c.max_len, c.d_model), persistent=False)
         self.scale = math.sqrt(c.d_model)
         self.drop = nn.Dropout(c.dropout)
@@ -258,7 +261,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(f"training throughput (fwd+bwd+Adam), median of {payload['runs']} alternating steps; "
           "MFU vs the fp32 matmul FLOP/s measured in the same rounds (peak_gflops)")
     print(benchlib.table(payload["rows"], COLUMNS))
-    print(f"written {benchlib.write_results('train_throughput', payload)} ({payload['wall_s']:.0f} s)")
+    path = benchlib.write_results("train_throughput", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
 

@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(benchlib.table(payload["rows"], COLUMNS))
     for r in payload["rows"]:
         print(f"  {r['size']} batch {r['batch']}: output lengths incl. EOS/last step {r['out_lengths']}")
-    print(f"written {benchlib.write_results('translate_beam', payload)} ({payload['wall_s']:.0f} s)")
+    path = benchlib.write_results("translate_beam", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
 

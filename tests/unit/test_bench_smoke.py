@@ -6,6 +6,7 @@ They check what makes a comparison valid (same weights, same output lengths, mat
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def test_torch_seq2seq_baseline_learns() -> None:
         shape=dict(batch=2, src=4, tgt=4))
     losses = [step() for _ in range(30)]
     assert tokens == 8 and losses[-1] < losses[0]
+    assert losses[0] < 1.5 * math.log(50)  # a sane init (near-uniform logits), as aiayn's: no softmax underflow
 
 
 def test_multi30k_epoch_bench_on_synthetic_pairs() -> None:
