@@ -65,11 +65,13 @@ def beam_search(
     fin_len = torch.zeros(B, K, dtype=torch.long, device=device)
     fin_tokens = torch.full((B, K, L), pad_id, dtype=torch.long, device=device)
     rank = torch.arange(2 * K, device=device)
+    limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
 
     for t in range(L):
         ba, k = alive_cum.shape
         logp = next_log_probs(logits, banned_ids)  # (Ba*k, V)
-        logp = force_token(logp, (max_steps == t).repeat_interleave(k), eos_id)
+        if t in limit_steps:  # only at steps where some sentence reaches its length limit
+            logp = force_token(logp, (max_steps == t).repeat_interleave(k), eos_id)
         V = logp.shape[-1]
         cand = (alive_cum[:, :, None] + logp.view(ba, k, V)).view(ba, k * V)  # (Ba, k*V)
         if k * V < 2 * K:  # tiny vocabularies: pad with impossible candidates

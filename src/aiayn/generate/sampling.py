@@ -75,6 +75,7 @@ def decode_loop(
     n, device = logits.shape[0], logits.device
     max_steps = max_steps.to(device)
     total = int(max_steps.max()) + (1 if force_stop_id is not None else 0)
+    limit_steps = set(max_steps.tolist()) if force_stop_id is not None else set()
     out = torch.full((n, max(total, 1)), pad_id, dtype=torch.long, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -82,7 +83,7 @@ def decode_loop(
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     for t in range(total):
         logp = next_log_probs(logits, banned_ids)  # (N, V)
-        if force_stop_id is not None:
+        if force_stop_id is not None and t in limit_steps:
             logp = force_token(logp, max_steps == t, force_stop_id)
         tok = choose(logp)  # (N,)
         active = ~finished

@@ -15,6 +15,7 @@ accumulated batches give exactly the update of one batch of their union, whateve
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -186,12 +187,10 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     t0 = time.time()
     stream = task.batches(position)
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not cfg.progress, dynamic_ncols=True, unit="step")
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time(), "steps": 0}
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time()}
     model.train()
-    stop_reason = "max_steps"
     while step < cfg.max_steps:
         if cfg.max_minutes is not None and (elapsed_before + time.time() - t0) / 60 >= cfg.max_minutes:
-            stop_reason = "max_minutes"
             break
         micro = []
         for _ in range(cfg.accum):
@@ -214,7 +213,6 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         window["loss"] += sum(r[0] for r in results)
         window["nll"] += sum(r[1].get("nll", r[0]) for r in results)
         window["tokens"] += total_targets
-        window["steps"] += 1
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             now = time.time()
@@ -225,7 +223,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             log.log(rec)
             bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
-            window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now, "steps": 0}
+            window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             best = _evaluate_and_keep(task, step, best, log, out, save)
             model.train()
@@ -235,7 +233,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         if step % cfg.eval_every == 0 or (cfg.save_every and step % cfg.save_every == 0):
             save(out / "last", with_state=True)
     bar.close()
-    if stop_reason == "max_minutes" and step % cfg.eval_every != 0:
+    if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
         best = _evaluate_and_keep(task, step, best, log, out, save)
     save(out / "last", with_state=True)
     if cfg.average_last and cfg.save_every:
@@ -267,7 +265,7 @@ def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLog
 
 def _autocast(dtype: str, model: nn.Module):
     if dtype == "float32":
-        return torch.autocast("cpu", enabled=False)
+        return contextlib.nullcontext()
     device_type = next(model.parameters()).device.type
     return torch.autocast(device_type, dtype=getattr(torch, dtype))
 
