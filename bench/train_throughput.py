@@ -8,7 +8,9 @@
 
 Dropout 0.1 on embeddings and residual branches everywhere, none on attention weights or the FFN hidden layer
 (torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss: token
-cross-entropy over all positions; optimizer: ``torch.optim.Adam``. Runs alternate (one step per run).
+cross-entropy over all positions, each library's own way (the peers: logits, then ``F.cross_entropy``; aiayn: its
+trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer: ``torch.optim.Adam`` with the
+fused kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
 
 MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s (a 2048^3
 matmul, as :mod:`matmul_peak`, timed in the same alternating rounds so it sees the same load); tokens are
@@ -41,6 +43,7 @@ import benchlib  # noqa: E402
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.models import forward_flops_per_token  # noqa: E402
 from aiayn.nn.positions import sinusoidal_table  # noqa: E402
+from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
 DROPOUT = 0.1
 
@@ -147,9 +150,14 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # (B, T) each
     src = torch.randint(5, v - 2, (b, s["src"]), generator=g) if s["src"] else None
     forward: Callable[[], Tensor]
-    if impl == "aiayn":
+    loss_fn: Callable[[], Tensor] | None = None
+    if impl == "aiayn":  # aiayn's trainer path: hidden states, then the fused projection + loss
         model = build_model(c)
-        forward = (lambda: model(src, tgt_in).logits) if src is not None else (lambda: model(tgt_in).logits)
+        flat = labels  # (B, T)
+        hidden = ((lambda: model(src, tgt_in, compute_logits=False).hidden) if src is not None
+                  else (lambda: model(tgt_in, compute_logits=False).hidden))
+        loss_fn = lambda: linear_label_smoothed_nll(  # noqa: E731
+            hidden(), model.lm_head.proj.weight, flat, 0.0)[0] / flat.numel()
     elif impl == "torch.nn.Transformer":
         model = TorchSeq2Seq(c)
         forward = lambda: model(src, tgt_in)  # noqa: E731
@@ -163,12 +171,16 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
         forward = lambda: model(input_ids=tgt_in).logits  # noqa: E731
     else:
         raise ValueError(f"unknown implementation {impl!r}")
+    if loss_fn is None:
+        def loss_fn() -> Tensor:
+            logits = forward()  # (B, T, V)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    # the fused Adam kernel for everyone: transformers' Trainer defaults to it (adamw_torch_fused, torch >= 2.8)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def step() -> float:
-        logits = forward()  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss = loss_fn()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

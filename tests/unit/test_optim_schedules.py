@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 
@@ -184,3 +185,21 @@ def test_build_scheduler_errors_list_valid_names_and_params() -> None:
         build_scheduler(opt, "warmup_cosine", warmup=3, total=3)
     with pytest.raises(AiaynError, match="warmup must be >= 1"):
         inverse_sqrt_warmup(warmup=0)
+
+
+def test_fused_adam_is_the_default_on_cpu_and_matches_the_loop():
+    """The default fused update gives the same parameters as the per-tensor loop."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    b = copy.deepcopy(a)
+    opt_a = build_optimizer(a, "adamw", lr=1e-2, weight_decay=0.1)
+    opt_b = build_optimizer(b, "adamw", lr=1e-2, weight_decay=0.1, fused=False)
+    assert opt_a.defaults["fused"] is True and not opt_b.defaults["fused"]
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)

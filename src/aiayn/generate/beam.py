@@ -3,7 +3,8 @@
 Each step (for the sentences still active):
 
 1. Candidates: every alive beam extended by every token, scored by its cumulative log-probability. The 2K
-   best are kept (enough for K alive beams however many of them end in EOS).
+   best are kept (enough for K alive beams however many of them end in EOS); they are found among the 2K best
+   tokens of each beam, so no (N, V) log-softmax or top-k over K*V candidates is ever materialized.
 2. Finished: a candidate ending in EOS that ranks among the K best of this step becomes a hypothesis, scored
    ``logprob / lp(length)`` with GNMT's length penalty, and joins the sentence's pool of the K best finished
    (fairseq's rule; with K = 1 it makes beam search exactly greedy search).
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aiayn.generate.common import Hypothesis, force_token, length_penalty, next_log_probs
+from aiayn.generate.common import Hypothesis, length_penalty
 from aiayn.generate.steppers import Stepper
 
 
@@ -69,16 +70,22 @@ def beam_search(
 
     for t in range(L):
         ba, k = alive_cum.shape
-        logp = next_log_probs(logits, banned_ids)  # (Ba*k, V)
-        if t in limit_steps:  # only at steps where some sentence reaches its length limit
-            logp = force_token(logp, (max_steps == t).repeat_interleave(k), eos_id)
-        V = logp.shape[-1]
-        cand = (alive_cum[:, :, None] + logp.view(ba, k, V)).view(ba, k * V)  # (Ba, k*V)
-        if k * V < 2 * K:  # tiny vocabularies: pad with impossible candidates
-            cand = torch.cat([cand, cand.new_full((ba, 2 * K - k * V), float("-inf"))], dim=1)
+        row_lp, row_tok, lse = _row_top(logits, 2 * K, banned_ids)  # (Ba*k, c) each, c = min(2K, V)
+        if t in limit_steps:  # only at steps where some sentence reaches its length limit: EOS or nothing
+            forced = (max_steps == t).repeat_interleave(k)[:, None]  # (Ba*k, 1)
+            only_lp = torch.full_like(row_lp, float("-inf"))
+            only_lp[:, :1] = logits[:, eos_id:eos_id + 1].float() - lse  # log p(EOS)
+            row_lp = torch.where(forced, only_lp, row_lp)
+            row_tok = torch.where(forced, torch.full_like(row_tok, eos_id), row_tok)
+        c = row_lp.shape[1]
+        # the 2K best extensions of each sentence are among the 2K best of each of its beams
+        cand = (alive_cum[:, :, None] + row_lp.view(ba, k, c)).view(ba, k * c)  # (Ba, k*c)
+        if k * c < 2 * K:  # tiny vocabularies: pad with impossible candidates
+            cand = torch.cat([cand, cand.new_full((ba, 2 * K - k * c), float("-inf"))], dim=1)
         top_cum, top_idx = cand.topk(2 * K, dim=1)  # (Ba, 2K), best first
-        top_beam, top_tok = top_idx // V, top_idx % V
-        top_beam = top_beam.clamp(max=k - 1)  # padding candidates point at a real beam; they stay -inf
+        top_idx = top_idx.clamp(max=k * c - 1)  # padding candidates point at a real one; they stay -inf
+        top_beam = top_idx // c
+        top_tok = row_tok.view(ba, k * c).gather(1, top_idx)
         is_eos = top_tok == eos_id
 
         # ---- finished: EOS candidates among this step's K best join the pool of the K best hypotheses
@@ -116,6 +123,25 @@ def beam_search(
         stepper.reorder(index)
         logits = stepper.step(tok.reshape(-1))
     return results
+
+
+def _row_top(logits: Tensor, n: int, banned_ids: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``n`` most likely next tokens of each row: log-probs (N, c) float32, ids (N, c), c = min(n, V),
+    and the log normalizer (N, 1).
+
+    Log-probabilities are normalized over the whole vocabulary (banned ids included, as
+    :func:`~aiayn.generate.common.next_log_probs`), then banned ids are excluded; a log-sum-exp and a per-row
+    top-k replace a full (N, V) log-softmax and a top-k over every beam's whole vocabulary.
+
+    Args:
+        logits: (N, V); overwritten at the banned ids when float32.
+    """
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (N, 1)
+    if banned_ids:
+        z[:, list(banned_ids)] = float("-inf")
+    top_z, top_tok = z.topk(min(n, z.shape[-1]), dim=-1)
+    return top_z - lse, top_tok, lse
 
 
 def _collect(results: list[list[Hypothesis]], done: Tensor, sent: Tensor, fin_score: Tensor,

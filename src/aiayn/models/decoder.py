@@ -37,6 +37,7 @@ class DecoderModel(nn.Module):
         prefix_len: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: bool = False,
+        compute_logits: bool = True,
     ) -> ModelOutput:
         """Next-token logits.
 
@@ -48,8 +49,10 @@ class DecoderModel(nn.Module):
             prefix_len: (B,) long: the first prefix_len tokens attend bidirectionally (prefix-LM).
             cache: KV cache for incremental decoding (see :meth:`new_cache`).
             return_weights: include per-layer attention weights under ``attentions["self"]``.
+            compute_logits: False skips the output projection (``logits`` is None; the trainer's fused loss
+                projects ``hidden`` itself, see :mod:`aiayn.train.fused_loss`).
         Returns:
-            logits (B, T, V).
+            logits (B, T, V) and hidden (B, T, D).
         """
         if (doc_ids is not None or prefix_len is not None) and cache is not None and cache.length:
             raise ValueError("doc_ids and prefix_len apply to the first (prompt) chunk only, not to later steps")
@@ -60,4 +63,4 @@ class DecoderModel(nn.Module):
             attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
                             return_weights=return_weights)
-        return ModelOutput(self.lm_head(h), h, {"self": w["self"]} if w else None)
+        return ModelOutput(self.lm_head(h) if compute_logits else None, h, {"self": w["self"]} if w else None)

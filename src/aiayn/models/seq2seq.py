@@ -51,7 +51,8 @@ class EncoderDecoderModel(nn.Module):
         return DecoderCache(self.config.n_layers, capacity, cross=True)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_is_token: Tensor, *,
-               cache: DecoderCache | None = None, return_weights: bool = False) -> ModelOutput:
+               cache: DecoderCache | None = None, return_weights: bool = False,
+               compute_logits: bool = True) -> ModelOutput:
         """Decoder logits for target prefixes.
 
         Args:
@@ -59,18 +60,19 @@ class EncoderDecoderModel(nn.Module):
             memory: (B, S, D) encoder output (may be None once the cache holds the projected memory).
             src_is_token: (B, S) bool source padding flags.
             cache: a :meth:`new_cache` for incremental decoding.
+            compute_logits: False skips the output projection (``logits`` is None, ``hidden`` (B, T, D) only).
         Returns:
-            logits (B, T, V_tgt).
+            logits (B, T, V_tgt) and hidden (B, T, D).
         """
         h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, cache=cache,
                             return_weights=return_weights)
-        return ModelOutput(self.lm_head(h), h, w)
+        return ModelOutput(self.lm_head(h) if compute_logits else None, h, w)
 
     def forward(self, src: Tensor, tgt: Tensor, src_is_token: Tensor | None = None,
-                return_weights: bool = False) -> ModelOutput:
-        """Teacher-forced logits: src (B, S), tgt (B, T) decoder input -> logits (B, T, V_tgt)."""
+                return_weights: bool = False, compute_logits: bool = True) -> ModelOutput:
+        """Teacher-forced logits: src (B, S), tgt (B, T) decoder input -> logits (B, T, V_tgt), hidden (B, T, D)."""
         memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights)
-        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights)
+        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights, compute_logits=compute_logits)
         if out.attentions is not None:
             out.attentions["encoder"] = w_enc
         return out

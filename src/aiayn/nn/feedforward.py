@@ -42,4 +42,6 @@ class FeedForward(nn.Module):
             h = self.act(gate) * up
         else:
             h = self.act(h)
-        return self.w_out(self.dropout(h))
+        if self.training and self.dropout.p > 0:
+            h = self.dropout(h)
+        return self.w_out(h)

@@ -8,8 +8,6 @@ An encoder layer is self-attention + FFN; a decoder layer adds cross-attention b
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
@@ -20,7 +18,12 @@ from aiayn.nn.norms import build_norm
 
 
 class Residual(nn.Module):
-    """Wraps a sublayer with dropout, the residual connection and a norm (post- or pre-)."""
+    """The dropout, residual connection and norm (post- or pre-) around one sublayer.
+
+    Call :meth:`enter` on the layer input to get what the sublayer consumes, then :meth:`exit` with the input
+    and the sublayer's output. (Two plain calls rather than a callback: a decoding step runs this 3 times per
+    layer, so closures and dropout modules that do nothing in eval mode are measurable overhead.)
+    """
 
     def __init__(self, config: ModelConfig, alpha: float = 1.0) -> None:
         super().__init__()
@@ -29,14 +32,17 @@ class Residual(nn.Module):
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, Tensor | None]]
-                ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D) -> (B, T, D), plus whatever second value the sublayer returns (attention weights)."""
+    def enter(self, x: Tensor) -> Tensor:
+        """x (B, T, D) -> the sublayer input: LN(x) for pre-LN, x itself for post-LN."""
+        return self.norm(x) if self.pre else x
+
+    def exit(self, x: Tensor, y: Tensor) -> Tensor:
+        """Layer input x and sublayer output y, both (B, T, D) -> the residual sum (normalized for post-LN)."""
+        if self.training and self.dropout.p > 0:
+            y = self.dropout(y)
         if self.pre:
-            y, extra = sublayer(self.norm(x))
-            return x + self.dropout(y), extra
-        y, extra = sublayer(x)
-        return self.norm(self.alpha * x + self.dropout(y)), extra
+            return x + y
+        return self.norm(x + y if self.alpha == 1.0 else self.alpha * x + y)
 
 
 class TransformerLayer(nn.Module):
@@ -89,12 +95,13 @@ class TransformerLayer(nn.Module):
         Returns:
             (B, T, D) output, self-attention weights, cross-attention weights (None unless requested).
         """
-        x, w_self = self.self_res(x, lambda h: self.self_attn(
-            h, mask=mask, bias=bias, rotary=rotary, cache=self_cache, is_causal=is_causal,
-            return_weights=return_weights))
+        y, w_self = self.self_attn(self.self_res.enter(x), mask=mask, bias=bias, rotary=rotary, cache=self_cache,
+                                   is_causal=is_causal, return_weights=return_weights)
+        x = self.self_res.exit(x, y)
         w_cross = None
         if self.cross_attn is not None:
-            x, w_cross = self.cross_res(x, lambda h: self.cross_attn(
-                h, memory, mask=memory_mask, cache=cross_cache, return_weights=return_weights))
-        x, _ = self.ffn_res(x, lambda h: (self.ffn(h), None))
+            y, w_cross = self.cross_attn(self.cross_res.enter(x), memory, mask=memory_mask, cache=cross_cache,
+                                         return_weights=return_weights)
+            x = self.cross_res.exit(x, y)
+        x = self.ffn_res.exit(x, self.ffn(self.ffn_res.enter(x)))
         return x, w_self, w_cross

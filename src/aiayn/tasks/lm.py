@@ -29,6 +29,7 @@ from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -227,7 +228,10 @@ class LMTask:
 
     def loss(self, batch: dict[str, Any],
              label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
-        loss, nll, n = label_smoothed_nll(self.forward(batch), batch["labels"], label_smoothing)
+        out = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
+                         compute_logits=False)
+        loss, nll, n = linear_label_smoothed_nll(out.hidden, self.model.lm_head.proj.weight, batch["labels"],
+                                                 label_smoothing)
         return loss, int(n), {"nll": float(nll.detach())}
 
     @torch.no_grad()

@@ -17,6 +17,7 @@ from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -140,8 +141,9 @@ class TranslationTask:
         return int(batch["n_tokens"])
 
     def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
-        logits = self.model(batch["src"], batch["tgt_in"]).logits  # (B, T, V)
-        loss, nll, n = label_smoothed_nll(logits, batch["labels"], label_smoothing)
+        hidden = self.model(batch["src"], batch["tgt_in"], compute_logits=False).hidden  # (B, T, D)
+        loss, nll, n = linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"],
+                                                 label_smoothing)
         return loss, int(n), {"nll": float(nll.detach())}
 
     @torch.no_grad()

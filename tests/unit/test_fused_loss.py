@@ -1,0 +1,80 @@
+"""The fused projection + loss equals the reference (logits, then label_smoothed_nll): values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.train.fused_loss import linear_label_smoothed_nll
+from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
+
+
+def _inputs(n: int = 37, d: int = 16, v: int = 29, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w = torch.randn(v, d, generator=g, dtype=torch.float64) * 0.5
+    y = torch.randint(0, v, (n,), generator=g)
+    y[::5] = IGNORE_INDEX
+    return h, w, y
+
+
+def _run(fn, h, w, y):
+    h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss, nll, n = fn(h, w, y)
+    (loss * 0.37).backward()  # a non-unit incoming gradient, like a per-token normalization
+    return loss.detach(), nll.detach(), n, h.grad, w.grad
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("ignore_vocab_id", [None, 0])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 8])
+def test_fused_equals_reference(epsilon, ignore_vocab_id, chunk_rows):
+    h, w, y = _inputs()
+    ref = _run(lambda a, b, c: label_smoothed_nll(a @ b.T, c, epsilon, ignore_vocab_id=ignore_vocab_id), h, w, y)
+    got = _run(lambda a, b, c: linear_label_smoothed_nll(a, b, c, epsilon, ignore_vocab_id, chunk_rows), h, w, y)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)  # both compute in float32
+
+
+def test_batched_shapes_and_frozen_weight():
+    h, w, y = _inputs(n=24)
+    h3, y3 = h.reshape(4, 6, -1).requires_grad_(), y.reshape(4, 6)
+    loss, _, n = linear_label_smoothed_nll(h3, w, y3, 0.1)  # weight does not require grad
+    loss.backward()
+    ref_h = h.clone().requires_grad_()
+    label_smoothed_nll(ref_h @ w.T, y, 0.1)[0].backward()
+    assert int(n) == int((y != IGNORE_INDEX).sum())
+    torch.testing.assert_close(h3.grad.reshape(24, -1), ref_h.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_no_grad_falls_back_to_reference():
+    h, w, y = _inputs()
+    with torch.no_grad():
+        got = linear_label_smoothed_nll(h, w, y, 0.1)
+    ref = label_smoothed_nll(h @ w.T, y, 0.1)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
+
+
+def test_bfloat16_hidden_is_close_to_float32():
+    h, w, y = _inputs()
+    h32, w32 = h.float().requires_grad_(), w.float().requires_grad_()
+    hb = h.bfloat16().requires_grad_()
+    ref = label_smoothed_nll(h32 @ w32.T, y, 0.1)[0]
+    ref.backward()
+    got = linear_label_smoothed_nll(hb, w32, y, 0.1)[0]
+    got.backward()
+    assert w32.grad.dtype == torch.float32 and hb.grad.dtype == torch.bfloat16
+    assert abs(float(got) - float(ref)) / float(ref) < 2e-2
+
+
+@pytest.mark.parametrize("bad", ["labels", "weight", "epsilon"])
+def test_bad_arguments(bad):
+    h, w, y = _inputs()
+    with pytest.raises(ValueError, match="linear_label_smoothed_nll"):
+        if bad == "labels":
+            linear_label_smoothed_nll(h, w, y[:-1], 0.1)
+        elif bad == "weight":
+            linear_label_smoothed_nll(h, w[:, :-1], y, 0.1)
+        else:
+            linear_label_smoothed_nll(h, w, y, 1.0)
