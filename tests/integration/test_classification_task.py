@@ -124,13 +124,14 @@ def test_mlm_checkpoint(mlm_checkpoint: Path) -> None:
     assert any("val_masked_accuracy" in r for r in rows)
 
 
-def test_mlm_resume_equals_uninterrupted(tmp_path: Path, data: dict[str, Path]) -> None:
+@pytest.mark.parametrize("batching", [[], ["data.batch_tokens=150"]], ids=["fixed", "token-budget"])
+def test_mlm_resume_equals_uninterrupted(tmp_path: Path, data: dict[str, Path], batching: list[str]) -> None:
     """Batch order and masking resume exactly from the (epoch, index) position (400 examples / 16 =
-    25 batches per epoch, so 30 steps cross an epoch boundary)."""
-    run_recipe(_recipe(tmp_path, data, "mlm", "full", 30), ["model.dropout=0.1"])
+    25 batches per epoch, so 30 steps cross an epoch boundary; with a 150-token budget, about 27)."""
+    run_recipe(_recipe(tmp_path, data, "mlm", "full", 30), ["model.dropout=0.1", *batching])
     parts = _recipe(tmp_path, data, "mlm", "parts", 30)
-    run_recipe(parts, ["model.dropout=0.1", "train.max_steps=24"])
-    run_recipe(parts, ["model.dropout=0.1"], resume=True)
+    run_recipe(parts, ["model.dropout=0.1", "train.max_steps=24", *batching])
+    run_recipe(parts, ["model.dropout=0.1", *batching], resume=True)
 
     def losses(name: str) -> dict[int, float]:
         rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

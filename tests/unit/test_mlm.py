@@ -86,3 +86,25 @@ def test_extreme_probabilities_and_errors() -> None:
         mask_tokens(ids, mask_id=MASK, vocab_size=V, special_ids=SPECIAL, generator=g, mlm_prob=1.5)
     with pytest.raises(AiaynError, match="only special ids"):
         mask_tokens(ids, mask_id=MASK, vocab_size=5, special_ids=SPECIAL, generator=g)
+
+
+def test_epoch_batches_with_a_token_budget() -> None:
+    """Length-bucketed batches: every example once, padded size within the budget, at most batch_size
+    examples, the same plan for the same (seed, epoch) and another plan next epoch."""
+    from aiayn.tasks.mlm import epoch_batches
+
+    lengths = [1 + (i * 7919) % 40 for i in range(300)]
+    plan = epoch_batches(300, 32, seed=3, epoch=0, lengths=lengths, batch_tokens=256)
+    flat = sorted(int(i) for b in plan for i in b)
+    assert flat == list(range(300))
+    for b in plan:
+        assert len(b) <= 32 and len(b) * max(lengths[int(i)] for i in b) <= 256
+    again = epoch_batches(300, 32, seed=3, epoch=0, lengths=lengths, batch_tokens=256)
+    assert [b.tolist() for b in again] == [b.tolist() for b in plan]
+    other = epoch_batches(300, 32, seed=3, epoch=1, lengths=lengths, batch_tokens=256)
+    assert [b.tolist() for b in other] != [b.tolist() for b in plan]
+    fixed = epoch_batches(300, 32, seed=3, epoch=0)
+    padded = sum(len(b) * max(lengths[int(i)] for i in b) for b in fixed)
+    assert sum(len(b) * max(lengths[int(i)] for i in b) for b in plan) < 0.7 * padded
+    with pytest.raises(ValueError, match="one length per example"):
+        epoch_batches(300, 32, seed=3, epoch=0, batch_tokens=256)

@@ -30,7 +30,7 @@ from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
     "train": None, "valid": None, "val_fraction": 0.1, "text_column": None, "label_column": None,
-    "max_len": 128, "batch_size": 32, "eval_batch_size": 128,
+    "max_len": 128, "batch_size": 32, "batch_tokens": None, "eval_batch_size": 128,
 }
 
 
@@ -102,6 +102,7 @@ class ClassificationTask:
         if init_dir is not None:
             self.init_report = load_encoder_weights(self.model, init_dir)
         self.train_ids, self.train_labels = encode_for_classifier(self.tok, train.texts), train.labels
+        self.train_lengths = [min(len(x) + 1, self.max_len) for x in self.train_ids]  # + the CLS token
         self.valid = valid
 
     def _collate(self, index: list[int]) -> dict[str, torch.Tensor]:
@@ -114,7 +115,8 @@ class ClassificationTask:
         """Shuffled batches, reshuffled each epoch from (seed, epoch); resumable at (epoch, index)."""
         epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
         while True:
-            plan = epoch_batches(len(self.train_ids), int(self.data["batch_size"]), self.seed, epoch)
+            plan = epoch_batches(len(self.train_ids), int(self.data["batch_size"]), self.seed, epoch,
+                                 self.train_lengths, self.data["batch_tokens"])
             for i in range(index, len(plan)):
                 yield self._collate(plan[i].tolist()), {"epoch": epoch, "index": i + 1}
             epoch, index = epoch + 1, 0

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.data.batching import token_budget_batches
 from aiayn.data.classification import load_labeled_text
 from aiayn.data.mlm import mask_tokens
 from aiayn.data.text_io import read_lines
@@ -29,7 +30,8 @@ from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
     "train": None, "valid": None, "val_fraction": 0.05, "text_column": None, "max_len": 128,
-    "batch_size": 64, "eval_batch_size": 128, "mlm_prob": 0.15, "mask_prob": 0.8, "random_prob": 0.1,
+    "batch_size": 64, "batch_tokens": None, "eval_batch_size": 128, "mlm_prob": 0.15, "mask_prob": 0.8,
+    "random_prob": 0.1,
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "min_frequency": 2}
 TOKENIZER_FILE = "tokenizer.json"
@@ -64,8 +66,24 @@ def wrap(ids: Sequence[int], tok: Tokenizer, max_len: int) -> list[int]:
     return ([tok.bos_id] + list(ids) + [tok.eos_id])[:max_len]
 
 
-def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
-    """The example indices of every batch of an epoch, shuffled from (seed, epoch)."""
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, lengths: Sequence[int] | None = None,
+                  batch_tokens: int | None = None) -> list[torch.Tensor]:
+    """The example indices of every batch of an epoch, shuffled from (seed, epoch).
+
+    Args:
+        n: number of examples; ``batch_size``: examples per batch (the cap, with ``batch_tokens``).
+        lengths: (n,) padded length of each example; needed with ``batch_tokens``.
+        batch_tokens: if given, batches are length-bucketed to at most this many padded tokens each
+            (:func:`~aiayn.data.batching.token_budget_batches`): far less padding on corpora of short
+            and long texts mixed, like SST-2's phrases.
+    Returns:
+        a list of (b,) long index tensors covering every example once.
+    """
+    if batch_tokens is not None:
+        if lengths is None or len(lengths) != n:
+            raise ValueError("epoch_batches: batch_tokens needs one length per example")
+        plan = token_budget_batches(lengths, int(batch_tokens), seed=seed, epoch=epoch, max_batch_size=batch_size)
+        return [torch.tensor(b, dtype=torch.long) for b in plan]
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
@@ -180,6 +198,7 @@ class MLMTask:
             load_encoder_weights(self.model, init_dir)
         self.train_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(train)]
         self.valid_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(valid)]
+        self.train_lengths = [len(x) for x in self.train_ids]
         t = self.tok
         self.special = (t.pad_id, t.bos_id, t.eos_id, t.unk_id, t.mask_id)
 
@@ -199,7 +218,8 @@ class MLMTask:
         epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
         bs = int(self.data["batch_size"])
         while True:
-            plan = epoch_batches(len(self.train_ids), bs, self.seed, epoch)
+            plan = epoch_batches(len(self.train_ids), bs, self.seed, epoch, self.train_lengths,
+                                 self.data["batch_tokens"])
             for i in range(index, len(plan)):
                 gen = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_000_003 + i)
                 batch = self._masked([self.train_ids[j] for j in plan[i].tolist()], gen)
