@@ -131,8 +131,8 @@ class LMStepper:
         positions = (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
         prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
         out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
-                         cache=self.cache)
-        return out.logits[:, -1]
+                         cache=self.cache, compute_logits=False)
+        return self.model.lm_head(out.hidden[:, -1])  # only the last position: (B, V), not (B, P, V)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V)."""

@@ -1,0 +1,41 @@
+"""Every shipped recipe parses: known keys in every section, a valid model config, a valid [train] section.
+
+Catches a typo in a recipe before a user's hour-long run does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from aiayn.tasks.registry import train_config
+from aiayn.tasks.translation import build_model_config
+from aiayn.train.recipe import load_recipe, take
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
+MODULES = {"translation": "translation", "lm": "lm", "mlm": "mlm", "classification": "classification"}
+FORCED = {"translation": {"arch": "encoder-decoder"}, "lm": {"arch": "decoder"}, "mlm": {"arch": "encoder"},
+          "classification": {"arch": "encoder", "n_classes": 2}}
+
+
+def test_there_are_recipes() -> None:
+    assert len(RECIPES) >= 7
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_is_valid(path: Path) -> None:
+    recipe = load_recipe(path, [])
+    task = recipe["task"]
+    module = importlib.import_module(f"aiayn.tasks.{MODULES[task]}")
+    take(recipe["data"], module.DATA_DEFAULTS, "data")
+    tokenizer_defaults = getattr(module, "TOKENIZER_DEFAULTS", None)
+    if tokenizer_defaults is not None and "tokenizer" in recipe:
+        take(recipe["tokenizer"], tokenizer_defaults, "tokenizer")
+    cfg = train_config(recipe)
+    assert cfg.max_steps > 0 and cfg.out_dir
+    model = dict(recipe["model"])
+    if "init_from" not in model:
+        config = build_model_config(model, **{**FORCED[task], "vocab_size": 1000})
+        assert config.d_model % config.n_heads == 0
