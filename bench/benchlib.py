@@ -129,14 +129,22 @@ def write_results(name: str, payload: dict[str, Any], quick: bool = False,
     return path
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (VmHWM), in MiB (psutil is not required)."""
+def _proc_status_mb(key: str) -> float | None:
+    """A memory line of /proc/self/status (``VmHWM``, ``VmRSS``) in MiB, or None where there is no /proc."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024.0
     except OSError:
         pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (VmHWM), in MiB (psutil is not required)."""
+    peak = _proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -144,10 +152,13 @@ def peak_rss_mb() -> float:
 
 def current_rss_mb() -> float:
     """Current resident set size (VmRSS) in MiB."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
+    rss = _proc_status_mb("VmRSS")
+    return float("nan") if rss is None else rss
+
+
+def report(name: str, payload: dict[str, Any], columns: list[str], quick: bool) -> Path:
+    """Print ``payload["rows"]`` as a table, write the JSON (:func:`write_results`) and say where and how long."""
+    print(table(payload["rows"], columns))
+    path = write_results(name, payload, quick=quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    return path

@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         payload = bench_generate(new_tokens=args.new_tokens or 128, runs=args.runs or 5)
     payload["wall_s"] = time.perf_counter() - t0
     print(f"greedy generation, GPT-2-like {payload['size']}, median of {payload['runs']} alternating runs")
-    print(benchlib.table(payload["rows"], COLUMNS))
-    path = benchlib.write_results("generate_lm", payload, quick=args.quick)
-    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    benchlib.report("generate_lm", payload, COLUMNS, args.quick)
     return payload
 
 

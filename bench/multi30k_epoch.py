@@ -163,9 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Multi30k train epoch ({payload['pairs']} pairs, BPE {vocab}), {fraction:.0%} slice timed, "
           f"token budget {payload['max_tokens']} vs fixed batch size {payload['fixed_batch_size']}; "
           f"prep {sum(prep.values()):.1f} s (BPE training {prep['tokenizer_s']:.1f} s)")
-    print(benchlib.table(payload["rows"], COLUMNS))
-    path = benchlib.write_results("multi30k_epoch", payload, quick=args.quick)
-    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    benchlib.report("multi30k_epoch", payload, COLUMNS, args.quick)
     return payload
 
 

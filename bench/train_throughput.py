@@ -272,9 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     payload["wall_s"] = time.perf_counter() - t0
     print(f"training throughput (fwd+bwd+Adam), median of {payload['runs']} alternating steps; "
           "MFU vs the fp32 matmul FLOP/s measured in the same rounds (peak_gflops)")
-    print(benchlib.table(payload["rows"], COLUMNS))
-    path = benchlib.write_results("train_throughput", payload, quick=args.quick)
-    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    benchlib.report("train_throughput", payload, COLUMNS, args.quick)
     return payload
 
 

@@ -41,16 +41,11 @@ class SelfAttnCache:
         """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions."""
         if self.k is None:
             return
-        n = self.length
-        if index.shape[0] == self.k.shape[0]:  # same batch size (beam reordering): reuse the buffers
-            self.k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
-            self.v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
-            return
-        k = self.k.new_empty(index.shape[0], *self.k.shape[1:])
-        v = self.v.new_empty(index.shape[0], *self.v.shape[1:])
-        k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
-        v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
-        self.k, self.v = k, v
+        n, k, v = self.length, self.k, self.v
+        if index.shape[0] != k.shape[0]:  # the batch size changes; otherwise (beam reordering) reuse the buffers
+            self.k, self.v = k.new_empty(index.shape[0], *k.shape[1:]), v.new_empty(index.shape[0], *v.shape[1:])
+        self.k[:, :, :n] = k[:, :, :n].index_select(0, index)  # index_select copies before the buffer is written
+        self.v[:, :, :n] = v[:, :, :n].index_select(0, index)
 
 
 class CrossAttnCache:

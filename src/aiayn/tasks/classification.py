@@ -14,14 +14,11 @@ import torch
 from aiayn.data.classification import LabeledData, collate_classification, load_labeled_text
 from aiayn.errors import AiaynError
 from aiayn.evaluate.classification import accuracy, precision_recall_f1
-from aiayn.models.build import build_model
 from aiayn.tasks.mlm import (
     TOKENIZER_DEFAULTS,
     TOKENIZER_FILE,
-    encoder_setup,
+    build_encoder,
     epoch_batches,
-    init_from,
-    load_encoder_weights,
     split_off,
 )
 from aiayn.tokenize import Tokenizer
@@ -89,18 +86,9 @@ class ClassificationTask:
         if len(self.labels) < 2:
             raise AiaynError(f"{train_path}: only one label ({self.labels}) occurs; a classifier needs at "
                              "least 2")
-        section = recipe["model"]
-        forced: dict[str, Any] = {"arch": "encoder", "n_classes": len(self.labels)}
-        if "max_len" not in section and init_from(recipe) is None:
-            forced["max_len"] = int(self.data["max_len"])
-        self.tok, self.model_config, init_dir = encoder_setup(recipe, tok_cfg, train.texts, resume_dir,
-                                                              **forced)
-        self.max_len = min(int(self.data["max_len"]), self.model_config.max_len)
-        torch.manual_seed(seed)
-        self.model = build_model(self.model_config).to(self.device)
-        self.init_report: tuple[list[str], list[str]] | None = None
-        if init_dir is not None:
-            self.init_report = load_encoder_weights(self.model, init_dir)
+        self.tok, self.model_config, self.model, self.max_len, self.init_report = build_encoder(
+            recipe, tok_cfg, train.texts, resume_dir, int(self.data["max_len"]), self.device, seed,
+            arch="encoder", n_classes=len(self.labels))
         self.train_ids, self.train_labels = encode_for_classifier(self.tok, train.texts), train.labels
         self.train_lengths = [min(len(x) + 1, self.max_len) for x in self.train_ids]  # + the CLS token
         self.valid = valid

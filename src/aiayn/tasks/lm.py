@@ -30,7 +30,7 @@ from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
 from aiayn.train.fused_loss import linear_label_smoothed_nll
-from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
+from aiayn.train.losses import IGNORE_INDEX
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -222,16 +222,16 @@ class LMTask:
     def count_targets(self, batch: dict[str, Any]) -> int:
         return int((batch["labels"] != IGNORE_INDEX).sum())
 
-    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Logits (B, T, V) of a batch (document masks and positions applied for packed blocks)."""
-        return self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids")).logits
+    def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
+        """(loss, nll, n_tokens) sums of a batch (document masks and positions applied for packed blocks):
+        hidden states, then the fused output projection + loss (the plain reference when gradients are off)."""
+        hidden = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
+                            compute_logits=False).hidden  # (B, T, D)
+        return linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"], label_smoothing)
 
     def loss(self, batch: dict[str, Any],
              label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
-        out = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
-                         compute_logits=False)
-        loss, nll, n = linear_label_smoothed_nll(out.hidden, self.model.lm_head.proj.weight, batch["labels"],
-                                                 label_smoothing)
+        loss, nll, n = self._scored(batch, label_smoothing)
         return loss, int(n), {"nll": float(nll.detach())}
 
     @torch.no_grad()
@@ -241,7 +241,7 @@ class LMTask:
         self.model.eval()
         total, count = 0.0, 0
         for batch in self._valid_batches():
-            _, nll, n = label_smoothed_nll(self.forward(batch), batch["labels"], 0.0)
+            _, nll, n = self._scored(batch, 0.0)
             total, count = total + float(nll), count + int(n)
         loss = total / max(count, 1)
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}

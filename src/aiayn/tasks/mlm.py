@@ -146,6 +146,28 @@ def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[
     return list(missing), list(unexpected)
 
 
+def build_encoder(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: list[str], resume_dir: Path | None,
+                  data_max_len: int, device: torch.device, seed: int, **forced: Any
+                  ) -> tuple[Tokenizer, ModelConfig, torch.nn.Module, int, tuple[list[str], list[str]] | None]:
+    """Tokenizer, config and model of an encoder task (:func:`encoder_setup`, then the model seeded with ``seed``
+    and initialized from ``init_from`` if the recipe names one).
+
+    ``data.max_len`` (``data_max_len``) sizes the model's positions unless ``[model]`` or the ``init_from``
+    checkpoint fixes them.
+
+    Returns:
+        ``(tokenizer, config, model, max_len, init report)``: ``max_len`` is the longest sequence the data may
+        use (``data_max_len`` capped by the model), the report is :func:`load_encoder_weights`' or None.
+    """
+    if "max_len" not in recipe["model"] and init_from(recipe) is None:
+        forced["max_len"] = data_max_len
+    tok, config, init_dir = encoder_setup(recipe, tok_cfg, train_texts, resume_dir, **forced)
+    torch.manual_seed(seed)
+    model = build_model(config).to(device)
+    report = load_encoder_weights(model, init_dir) if init_dir is not None else None
+    return tok, config, model, min(data_max_len, config.max_len), report
+
+
 def split_off(texts: list[Any], fraction: float, what: str) -> tuple[list[Any], list[Any]]:
     """Hold out the last ``fraction`` of a list for validation."""
     if not 0.0 < fraction < 1.0:
@@ -186,16 +208,8 @@ class MLMTask:
             valid = read_sentences(resolve_path(recipe, self.data["valid"]), self.data["text_column"])
         else:
             train, valid = split_off(train, self.data["val_fraction"], str(train_path))
-        section = recipe["model"]
-        forced: dict[str, Any] = {"arch": "encoder"}
-        if "max_len" not in section and init_from(recipe) is None:
-            forced["max_len"] = int(self.data["max_len"])
-        self.tok, self.model_config, init_dir = encoder_setup(recipe, tok_cfg, train, resume_dir, **forced)
-        self.max_len = min(int(self.data["max_len"]), self.model_config.max_len)
-        torch.manual_seed(seed)
-        self.model = build_model(self.model_config).to(self.device)
-        if init_dir is not None:
-            load_encoder_weights(self.model, init_dir)
+        self.tok, self.model_config, self.model, self.max_len, _ = build_encoder(
+            recipe, tok_cfg, train, resume_dir, int(self.data["max_len"]), self.device, seed, arch="encoder")
         self.train_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(train)]
         self.valid_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(valid)]
         self.train_lengths = [len(x) for x in self.train_ids]

@@ -18,7 +18,6 @@ from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
 from aiayn.train.fused_loss import linear_label_smoothed_nll
-from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -140,10 +139,14 @@ class TranslationTask:
     def count_targets(self, batch: dict[str, Any]) -> int:
         return int(batch["n_tokens"])
 
-    def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+    def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
+        """(loss, nll, n_tokens) sums of a batch: decoder hidden states, then the fused output projection + loss
+        (the plain reference when gradients are off)."""
         hidden = self.model(batch["src"], batch["tgt_in"], compute_logits=False).hidden  # (B, T, D)
-        loss, nll, n = linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"],
-                                                 label_smoothing)
+        return linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"], label_smoothing)
+
+    def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
+        loss, nll, n = self._scored(batch, label_smoothing)
         return loss, int(n), {"nll": float(nll.detach())}
 
     @torch.no_grad()
@@ -157,7 +160,7 @@ class TranslationTask:
         total, count = 0.0, 0
         for index in token_budget_batches(lengths, self.data["batch_tokens"], seed=0, epoch=0, shuffle=False):
             b = self._collate(index, src_ids, tgt_ids)
-            _, nll, n = label_smoothed_nll(self.model(b["src"], b["tgt_in"]).logits, b["labels"], 0.0)
+            _, nll, n = self._scored(b, 0.0)
             total, count = total + float(nll), count + int(n)
         metrics = {"loss": total / count, "ppl": math.exp(min(total / count, 50))}
         if self.eval_cfg["bleu"]:

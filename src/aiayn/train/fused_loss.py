@@ -30,14 +30,15 @@ class _LinearSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, labels: Tensor, epsilon: float,  # type: ignore[override]
                 ignore_vocab_id: int | None, chunk_rows: int) -> tuple[Tensor, Tensor, Tensor]:
-        vocab = weight.shape[0]
+        n_smooth = weight.shape[0] if ignore_vocab_id is None else weight.shape[0] - 1  # classes sharing eps
+        spread = epsilon / n_smooth  # smoothing mass per class
         w = weight.to(h.dtype)  # (V, D); a no-op without mixed precision
         keep_all = labels != IGNORE_INDEX  # (N,)
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, D)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[1] else None
+        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[1]
+                  else None)  # (V, D)
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-        spread = epsilon / (vocab if ignore_vocab_id is None else vocab - 1)  # smoothing mass per class
         for start in range(0, h.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             hc, keep = h[rows], keep_all[rows]  # (n, D), (n,)
@@ -45,12 +46,11 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             z = (hc @ w.T).float()  # (n, V) logits
             lse = torch.logsumexp(z, dim=-1)  # (n,)
             nll = lse - z.gather(1, safe).squeeze(1)  # (n,)
+            loss = nll
             if epsilon > 0:
                 total = z.sum(-1) if ignore_vocab_id is None else z.sum(-1) - z[:, ignore_vocab_id]
-                smooth = lse - total * spread / epsilon  # (n,) mean negative log-prob over the smoothed classes
+                smooth = lse - total / n_smooth  # (n,) mean negative log-prob over the smoothed classes
                 loss = (1.0 - epsilon) * nll + epsilon * smooth
-            else:
-                loss = nll
             keep_f = keep.float()
             loss_sum += (loss * keep_f).sum()
             nll_sum += (nll * keep_f).sum()
@@ -67,20 +67,18 @@ class _LinearSmoothedNLL(torch.autograd.Function):
                 torch.matmul(gc, w, out=grad_h[rows])
             if grad_w is not None:
                 grad_w.addmm_(gc.T.to(grad_w.dtype), hc.to(grad_w.dtype))
-        ctx.save_for_backward(grad_h if grad_h is not None else h.new_empty(0),
-                              grad_w if grad_w is not None else h.new_empty(0))
-        ctx.has = (grad_h is not None, grad_w is not None)
-        ctx.weight_dtype = weight.dtype
+        # gradients of the loss sum, already complete: backward only scales them (they are not inputs or outputs,
+        # so they live on ctx rather than in save_for_backward)
+        ctx.grad_h = grad_h
+        ctx.grad_w, ctx.weight_dtype = grad_w, weight.dtype
         n_tokens = keep_all.sum()
         ctx.mark_non_differentiable(nll_sum, n_tokens)
         return loss_sum, nll_sum, n_tokens
 
     @staticmethod
     def backward(ctx, g_loss: Tensor, _g_nll: Tensor, _g_n: Tensor):  # type: ignore[override]
-        grad_h, grad_w = ctx.saved_tensors
-        has_h, has_w = ctx.has
-        dh = grad_h * g_loss.to(grad_h.dtype) if has_h and ctx.needs_input_grad[0] else None
-        dw = (grad_w * g_loss).to(ctx.weight_dtype) if has_w and ctx.needs_input_grad[1] else None
+        dh = None if ctx.grad_h is None else ctx.grad_h * g_loss.to(ctx.grad_h.dtype)
+        dw = None if ctx.grad_w is None else (ctx.grad_w * g_loss).to(ctx.weight_dtype)
         return dh, dw, None, None, None, None
 
 

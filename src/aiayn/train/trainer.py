@@ -159,10 +159,9 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
         load_model_state(last, model)
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        for schedule in scheduler.lr_lambdas:  # a resumed run may extend max_steps: re-plan cosine decay
-            if hasattr(schedule, "total") and cfg.schedule == "warmup_cosine":
-                schedule.total = cfg.max_steps
+        # the schedule's shape comes from this run's config (a resumed run may extend max_steps and so re-plan a
+        # cosine decay); only its position comes from the checkpoint
+        scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         step, position, best = state["step"], state["position"], state["best"]
         elapsed_before = state.get("elapsed", 0.0)
         restore_rng(state["rng"])
