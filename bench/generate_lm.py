@@ -3,6 +3,9 @@
 Same GPT-2-like architecture (pre-LN, learned positions, GELU, tied embeddings), the same weights (copied from
 the HF model into aiayn), the same prompts and exactly the same number of new tokens: aiayn runs with no stop
 id, HF with ``min_new_tokens == max_new_tokens``. Runs alternate; we report the median tokens/s and the ratio.
+A third contender is aiayn's opt-in int8 inference (``aiayn.nn.quantize``, ``--int8`` on the command line) on
+the same weights: its ratio is against transformers in fp32, and ``int8_same_tokens`` is the fraction of its
+greedy tokens equal to the fp32 model's.
 
     .venv/bin/python bench/generate_lm.py            # 6 layers x 384, batch 1 and 16, 16 + 128 tokens
     .venv/bin/python bench/generate_lm.py --quick
@@ -25,6 +28,7 @@ import benchlib  # noqa: E402
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate  # noqa: E402
 from aiayn.models import DecoderModel  # noqa: E402
+from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 
 @dataclass
@@ -75,9 +79,9 @@ def copy_gpt2_weights(hf: Any, ours: DecoderModel) -> None:
     ours.decoder.final_norm.bias.copy_(t.ln_f.bias)
 
 
-def run_case(ours: DecoderModel, hf: Any, batch: int, prompt_len: int, new_tokens: int, runs: int,
+def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len: int, new_tokens: int, runs: int,
              warmup: int = 1) -> dict[str, Any]:
-    """Time both generators on one (batch, prompt, new tokens) case; returns one result row."""
+    """Time the three generators on one (batch, prompt, new tokens) case; returns one result row."""
     vocab = ours.config.vocab_size
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(5, vocab - 1, (batch, prompt_len), generator=g)
@@ -89,25 +93,33 @@ def run_case(ours: DecoderModel, hf: Any, batch: int, prompt_len: int, new_token
         out["ours"] = generate(ours, prompt_lists, max_new_tokens=new_tokens, greedy=True, stop_ids=(),
                                pad_id=0)
 
+    def run_ours_int8() -> None:
+        out["int8"] = generate(ours_int8, prompt_lists, max_new_tokens=new_tokens, greedy=True, stop_ids=(),
+                               pad_id=0)
+
     def run_hf() -> None:
         with torch.inference_mode():
             out["hf"] = hf.generate(prompts, attention_mask=attn, do_sample=False, num_beams=1,
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                     pad_token_id=vocab - 1)
 
-    times = benchlib.alternate({"aiayn": run_ours, "transformers": run_hf}, runs=runs, warmup=warmup)
+    times = benchlib.alternate({"aiayn": run_ours, "aiayn-int8": run_ours_int8, "transformers": run_hf},
+                               runs=runs, warmup=warmup)
     ours_tokens = torch.tensor(out["ours"])
     hf_tokens = out["hf"][:, prompt_len:]
     if ours_tokens.shape != hf_tokens.shape:
         raise RuntimeError(f"output lengths differ: {tuple(ours_tokens.shape)} vs {tuple(hf_tokens.shape)}")
     t_ours, t_hf = benchlib.median(times["aiayn"]), benchlib.median(times["transformers"])
+    t_int8 = benchlib.median(times["aiayn-int8"])
     n = batch * new_tokens
     return {
         "batch": batch, "prompt": prompt_len, "new_tokens": new_tokens,
         "aiayn_tok_s": n / t_ours, "hf_tok_s": n / t_hf, "ratio_vs_hf": t_hf / t_ours,
         "aiayn_ms_per_step": 1e3 * t_ours / new_tokens, "hf_ms_per_step": 1e3 * t_hf / new_tokens,
         "same_tokens": float((ours_tokens == hf_tokens).float().mean()),
-        "times_aiayn": times["aiayn"], "times_hf": times["transformers"],
+        "aiayn_int8_tok_s": n / t_int8, "int8_ratio_vs_hf": t_hf / t_int8,
+        "int8_same_tokens": float((torch.tensor(out["int8"]) == ours_tokens).float().mean()),
+        "times_aiayn": times["aiayn"], "times_aiayn_int8": times["aiayn-int8"], "times_hf": times["transformers"],
     }
 
 
@@ -116,12 +128,13 @@ def bench_generate(size: LMSize | None = None, batches: tuple[int, ...] = (1, 16
     """The whole benchmark: build the pair once, time every batch size. Returns the JSON payload."""
     size = size or LMSize()
     ours, hf = build_pair(size)
-    rows = [run_case(ours, hf, b, prompt_len, new_tokens, runs, warmup) for b in batches]
+    ours_int8 = quantize_int8(ours)
+    rows = [run_case(ours, ours_int8, hf, b, prompt_len, new_tokens, runs, warmup) for b in batches]
     return {"size": asdict(size), "runs": runs, "rows": rows}
 
 
 COLUMNS = ["batch", "prompt", "new_tokens", "aiayn_tok_s", "hf_tok_s", "ratio_vs_hf", "aiayn_ms_per_step",
-           "hf_ms_per_step", "same_tokens"]
+           "hf_ms_per_step", "same_tokens", "aiayn_int8_tok_s", "int8_ratio_vs_hf", "int8_same_tokens"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -5,6 +5,10 @@ embeddings) at the same sizes with beam 4 and length penalty 0.6, on the same ra
 CTranslate2 share weights (the random Marian model is saved and converted with
 ``ctranslate2.converters.TransformersConverter``); aiayn has its own random weights (same shapes).
 
+Each system also runs in int8: aiayn's opt-in int8 inference (``aiayn.nn.quantize``, ``--int8`` on the command
+line) against CTranslate2 with ``compute_type="int8"``; int8 rows compare only with int8 rows (and with
+transformers in fp32, which has no one-call int8 path for Marian's attention here).
+
 Every system makes exactly ``out_len + 1`` decoder steps: aiayn gets a budget of ``out_len`` tokens (then EOS
 is forced) and EOS is masked before that; HF gets ``min_new_tokens=out_len, max_new_tokens=out_len + 1`` (EOS
 forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out_len + 1``.
@@ -31,6 +35,7 @@ import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
+from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
 
@@ -80,17 +85,17 @@ def marian_vocab(v: int) -> list[str]:
     return ["</s>", "<unk>", *(f"t{i}" for i in range(2, v - 1)), "<pad>"]
 
 
-def convert_to_ct2(hf_model: Any, workdir: Path) -> Any:
-    """Save ``hf_model`` in ``workdir``, convert it with CTranslate2's converter, load a Translator.
+def convert_to_ct2(hf_model: Any, workdir: Path) -> dict[str, Any]:
+    """Save ``hf_model`` in ``workdir``, convert it with CTranslate2's converter, load a Translator per type.
 
     The random model has no tokenizer, so the converter is given a minimal stand-in (the vocabulary only).
-    Returns None when ctranslate2 is not installed.
+    Returns ``{"float32": Translator, "int8": Translator}``, or ``{}`` when ctranslate2 is not installed.
     """
     try:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
     except ImportError:
-        return None
+        return {}
     v = hf_model.config.vocab_size
     vocab = {tok: i for i, tok in enumerate(marian_vocab(v))}
 
@@ -107,8 +112,8 @@ def convert_to_ct2(hf_model: Any, workdir: Path) -> Any:
     hf_dir, ct2_dir = workdir / "marian", workdir / "ct2"
     hf_model.save_pretrained(hf_dir)
     _Converter(str(hf_dir)).convert(str(ct2_dir), force=True)
-    return ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1,
-                                  intra_threads=torch.get_num_threads())
+    return {kind: ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=kind, inter_threads=1,
+                                         intra_threads=torch.get_num_threads()) for kind in ("float32", "int8")}
 
 
 class EosMask:
@@ -140,8 +145,9 @@ class EosMask:
         self._handle.remove()
 
 
-def run_case(size: Seq2SeqSize, ours: nn.Module, hf: Any, ct2: Any, batch: int, src_len: int, out_len: int,
-             runs: int, warmup: int = 1, beam: int = 4, alpha: float = 0.6) -> dict[str, Any]:
+def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, ct2: dict[str, Any], batch: int,
+             src_len: int, out_len: int, runs: int, warmup: int = 1, beam: int = 4,
+             alpha: float = 0.6) -> dict[str, Any]:
     """Time the systems on one batch size; returns one result row (sentences/s, ratios, output lengths)."""
     g = torch.Generator().manual_seed(batch)
     src = torch.randint(5, size.vocab_size - 2, (batch, src_len), generator=g)  # no special ids
@@ -149,10 +155,12 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, hf: Any, ct2: Any, batch: int, 
     ct2_src = [[f"t{i}" for i in row] for row in src.tolist()]
     out: dict[str, Any] = {}
 
-    def run_ours() -> None:
-        mask.reset()
-        out["aiayn"] = translate(ours, src, beam_size=beam, alpha=alpha, max_len_a=0.0, max_len_b=out_len,
-                                 bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    def run_aiayn(name: str, model: nn.Module, mask: EosMask) -> Any:
+        def run() -> None:
+            mask.reset()
+            out[name] = translate(model, src, beam_size=beam, alpha=alpha, max_len_a=0.0, max_len_b=out_len,
+                                  bos_id=BOS, eos_id=EOS, pad_id=PAD)
+        return run
 
     def run_hf() -> None:
         with torch.inference_mode():
@@ -160,30 +168,35 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, hf: Any, ct2: Any, batch: int, 
                                     do_sample=False, min_new_tokens=out_len, max_new_tokens=out_len + 1,
                                     early_stopping=False)
 
-    def run_ct2() -> None:
-        out["ct2"] = ct2.translate_batch(ct2_src, beam_size=beam, length_penalty=alpha, max_batch_size=0,
-                                         min_decoding_length=out_len + 1, max_decoding_length=out_len + 1,
-                                         return_end_token=True)
+    def run_ct2(kind: str) -> Any:
+        def run() -> None:
+            out[f"ctranslate2-{kind}"] = ct2[kind].translate_batch(
+                ct2_src, beam_size=beam, length_penalty=alpha, max_batch_size=0, min_decoding_length=out_len + 1,
+                max_decoding_length=out_len + 1, return_end_token=True)
+        return run
 
-    fns = {"aiayn": run_ours, "transformers": run_hf}
-    if ct2 is not None:
-        fns["ctranslate2"] = run_ct2
-    mask = EosMask(ours.lm_head, EOS, out_len)
-    with mask:
+    masks = [EosMask(ours.lm_head, EOS, out_len), EosMask(ours_int8.lm_head, EOS, out_len)]
+    fns = {"aiayn": run_aiayn("aiayn", ours, masks[0]), "aiayn-int8": run_aiayn("aiayn-int8", ours_int8, masks[1]),
+           "transformers": run_hf}
+    for kind in ct2:
+        fns[f"ctranslate2-{kind}"] = run_ct2(kind)
+    with masks[0], masks[1]:
         times = benchlib.alternate(fns, runs=runs, warmup=warmup)
-    lengths = {
-        "aiayn": sorted({len(h[0].tokens) + 1 for h in out["aiayn"]}),  # + the forced EOS
-        "transformers": [int(out["hf"].shape[1]) - 1],  # minus the decoder start token
-    }
-    if ct2 is not None:
-        lengths["ctranslate2"] = sorted({len(r.hypotheses[0]) for r in out["ct2"]})
+    lengths = {name: sorted({len(h[0].tokens) + 1 for h in out[name]}) for name in ("aiayn", "aiayn-int8")}
+    lengths["transformers"] = [int(out["hf"].shape[1]) - 1]  # minus the decoder start token
+    for kind in ct2:
+        lengths[f"ctranslate2-{kind}"] = sorted({len(r.hypotheses[0]) for r in out[f"ctranslate2-{kind}"]})
     med = {k: benchlib.median(v) for k, v in times.items()}
+    nan = float("nan")
+    ct2_f32, ct2_i8 = med.get("ctranslate2-float32", nan), med.get("ctranslate2-int8", nan)
     row: dict[str, Any] = {
         "size": size.name, "batch": batch, "src_len": src_len, "steps": out_len + 1,
         "aiayn_sent_s": batch / med["aiayn"], "hf_sent_s": batch / med["transformers"],
         "ratio_vs_hf": med["transformers"] / med["aiayn"],
-        "ct2_sent_s": batch / med["ctranslate2"] if ct2 is not None else float("nan"),
-        "ratio_vs_ct2": med["ctranslate2"] / med["aiayn"] if ct2 is not None else float("nan"),
+        "ct2_sent_s": batch / ct2_f32, "ratio_vs_ct2": ct2_f32 / med["aiayn"],
+        "aiayn_int8_sent_s": batch / med["aiayn-int8"], "ct2_int8_sent_s": batch / ct2_i8,
+        "int8_ratio_vs_hf": med["transformers"] / med["aiayn-int8"],
+        "int8_ratio_vs_ct2_int8": ct2_i8 / med["aiayn-int8"],
         "out_lengths": lengths, "times": times,
     }
     return row
@@ -197,16 +210,17 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
     for size in sizes:
         torch.manual_seed(0)
         ours, hf = aiayn_model(size), marian_model(size)
+        ours_int8 = quantize_int8(ours)
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
             ct2 = convert_to_ct2(hf, Path(tmp))
             for b in batches:
-                rows.append(run_case(size, ours, hf, ct2, b, src_len, out_len, runs, warmup))
+                rows.append(run_case(size, ours, ours_int8, hf, ct2, b, src_len, out_len, runs, warmup))
             del ct2
     return {"sizes": [asdict(s) for s in sizes], "runs": runs, "beam": 4, "alpha": 0.6, "rows": rows}
 
 
 COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct2_sent_s", "ratio_vs_hf",
-           "ratio_vs_ct2"]
+           "ratio_vs_ct2", "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf", "int8_ratio_vs_ct2_int8"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -38,8 +38,11 @@ class Pretrained:
         return self.meta.get("task", "unknown")
 
 
-def load_pretrained(directory: str | Path, device: str | torch.device = "cpu") -> Pretrained:
+def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Pretrained:
     """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
+
+    With ``int8=True`` the model's linear layers are dynamically quantized for CPU inference
+    (:func:`aiayn.nn.quantize.quantize_int8`: faster decoding, outputs close to but not equal to fp32).
 
     Raises:
         AiaynError: missing directory or files (names what is missing).
@@ -60,4 +63,9 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu") -
         if name not in cache:
             cache[name] = load_tokenizer(d / name)
         tokenizers[role] = cache[name]
-    return Pretrained(model.to(device).eval(), config, tokenizers, meta)
+    model = model.to(device).eval()
+    if int8:
+        from aiayn.nn.quantize import quantize_int8
+
+        model = quantize_int8(model)
+    return Pretrained(model, config, tokenizers, meta)

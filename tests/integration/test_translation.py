@@ -98,6 +98,14 @@ def test_train_translate_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pyte
     assert {"sacrebleu", "sacrebleu_signature", "tokenized_lowercase_bleu", "chrf"} <= set(report)
     assert report["sentences"] == 20 and "nrefs:1" in report["sacrebleu_signature"]
 
+    # int8 CPU inference: same commands, scores close to fp32's
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--src", str(corpus_dir / "valid.src"),
+                 "--ref", str(corpus_dir / "valid.tgt"), "--int8"]) == 0
+    report_int8 = json.loads(capsys.readouterr().out)
+    assert report_int8["sentences"] == 20 and abs(report_int8["chrf"] - report["chrf"]) < 10
+    assert main(["translate", "--checkpoint", str(run / "best"), "-i", str(src), "--int8"]) == 0
+    assert capsys.readouterr().out.count("\n") == 2  # one line per input (a 12-step model may print empty ones)
+
 
 def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
     full = tmp_path / "full"

@@ -57,7 +57,8 @@ def test_generate_bench_forces_equal_lengths() -> None:
     assert [r["batch"] for r in out["rows"]] == [1, 2]
     for r in out["rows"]:
         assert r["aiayn_tok_s"] > 0 and r["hf_tok_s"] > 0 and r["ratio_vs_hf"] > 0
-        assert len(r["times_aiayn"]) == 1
+        assert r["aiayn_int8_tok_s"] > 0 and 0 <= r["int8_same_tokens"] <= 1
+        assert len(r["times_aiayn"]) == 1 and len(r["times_aiayn_int8"]) == 1
 
 
 def test_translate_bench_forces_equal_lengths() -> None:
@@ -65,9 +66,10 @@ def test_translate_bench_forces_equal_lengths() -> None:
     out = translate_beam.bench_translate([size], batches=(2,), src_len=5, out_len=4, runs=1, warmup=0)
     (row,) = out["rows"]
     assert row["out_lengths"]["aiayn"] == [5] and row["out_lengths"]["transformers"] == [5]
+    assert row["out_lengths"]["aiayn-int8"] == [5] and row["aiayn_int8_sent_s"] > 0
     if HAS_CT2:
-        assert row["out_lengths"]["ctranslate2"] == [5]
-        assert row["ct2_sent_s"] > 0
+        assert row["out_lengths"]["ctranslate2-float32"] == [5] and row["out_lengths"]["ctranslate2-int8"] == [5]
+        assert row["ct2_sent_s"] > 0 and row["ct2_int8_sent_s"] > 0
     else:
         assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.cli.commands import _device, _read_input, command
+from aiayn.cli.commands import _load, _read_input, command
 from aiayn.errors import AiaynError
 
 
@@ -28,9 +28,10 @@ def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
     p.add_argument("--device", default="auto")
+    p.add_argument("--int8", action="store_true",
+                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.pretrained import load_pretrained
         from aiayn.tasks.lm import codec_from_meta, generate_text
 
         prompts = list(args.prompt or [])
@@ -38,7 +39,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
             prompts.append(_read_prompt_file(args.prompt_file))
         if not prompts:
             prompts = [""]
-        pre = load_pretrained(args.checkpoint, _device(args.device))
+        pre = _load(args)
         if pre.task != "lm" or "text" not in pre.tokenizers:
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; generate needs a language model "
                              "(task lm, e.g. trained from recipes/shakespeare-char.toml)")
@@ -89,12 +90,13 @@ def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--device", default="auto")
+    p.add_argument("--int8", action="store_true",
+                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.pretrained import load_pretrained
         from aiayn.tasks.classification import predict_proba
 
-        pre = load_pretrained(args.checkpoint, _device(args.device))
+        pre = _load(args)
         if pre.task != "classification" or "labels" not in pre.meta:
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; classify needs a classification "
                              "model (e.g. trained from recipes/sst2-scratch.toml)")

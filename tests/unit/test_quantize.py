@@ -1,0 +1,90 @@
+"""Opt-in int8 inference: close to fp32 for every family, the fp32 model untouched, decoding works, CPU only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import AiaynError, ModelConfig, build_model
+from aiayn.generate import generate, translate
+from aiayn.nn.quantize import quantize_int8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _model(arch: str, **kw: object) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig.preset("tiny", arch=arch, vocab_size=50, **kw)).eval()
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_int8_outputs_are_close_to_fp32_and_every_linear_is_quantized(arch: str) -> None:
+    model = _model(arch, n_classes=3) if arch == "encoder" else _model(arch)
+    q = quantize_int8(model)
+    ids = torch.randint(3, 50, (3, 9))
+    with torch.no_grad():
+        if arch == "encoder-decoder":
+            ref, out = model(ids, ids[:, :6]).logits, q(ids, ids[:, :6]).logits
+        else:
+            ref, out = model(ids).logits, q(ids).logits
+    assert out.shape == ref.shape
+    assert _relative_error(out, ref) < 0.05
+    assert not any(type(m) is nn.Linear for m in q.modules())  # the output layer too, tied or not
+    assert all(type(m) is not nn.Linear or m.weight.dtype == torch.float32 for m in model.modules())
+
+
+def test_the_fp32_model_is_left_untouched() -> None:
+    model = _model("decoder")
+    ids = torch.randint(3, 50, (2, 7))
+    with torch.no_grad():
+        before = model(ids).logits
+        quantize_int8(model)
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    assert sum(type(m) is nn.Linear for m in model.modules()) > 0
+
+
+def test_int8_decoding_runs_and_mostly_agrees_with_fp32() -> None:
+    """Greedy LM generation and beam translation through the KV cache work on the int8 copy."""
+    lm = _model("decoder", norm_position="pre")
+    with torch.no_grad():  # large weights make greedy continuations vary (not one repeated token)
+        for p in lm.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    prompts = [[5, 6, 7], [9, 3]]
+    ref = generate(lm, prompts, max_new_tokens=12, greedy=True, stop_ids=())
+    out = generate(quantize_int8(lm), prompts, max_new_tokens=12, greedy=True, stop_ids=())
+    assert [len(x) for x in out] == [len(x) for x in ref]
+    agree = sum(a == b for r, o in zip(ref, out, strict=True) for a, b in zip(r, o, strict=True))
+    assert agree >= 0.5 * sum(len(r) for r in ref)
+
+    s2s = _model("encoder-decoder", tie_embeddings=False)
+    with torch.no_grad():  # a spread-out output layer with EOS (id 2) at logit 0, so outputs are not all empty
+        s2s.lm_head.proj.weight.normal_(0.0, 0.5)
+        s2s.lm_head.proj.weight[2] = 0.0
+    src = torch.randint(3, 50, (3, 6))
+    ref = translate(s2s, src, beam_size=3, max_len_b=5)
+    out = translate(quantize_int8(s2s), src, beam_size=3, max_len_b=5)
+    assert all(r[0].tokens for r in ref)
+    for r, o in zip(ref, out, strict=True):
+        assert o[0].tokens == r[0].tokens and o[0].score == pytest.approx(r[0].score, rel=0.05)
+
+
+def test_int8_off_the_cpu_is_a_clear_error() -> None:
+    with torch.device("meta"):
+        model = build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=50))
+    with pytest.raises(AiaynError, match="CPU only"):
+        quantize_int8(model)
