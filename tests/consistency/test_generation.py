@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,14 +24,6 @@ from aiayn.models import DecoderModel, EncoderDecoderModel
 
 PAD, BOS, EOS = 0, 1, 2
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run far faster on one thread (thread start-up dominates, and CPUs are shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def peaky(model: nn.Module, scale: float, eos_bias: float) -> nn.Module:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import nn
@@ -11,14 +9,6 @@ from torch import nn
 from aiayn import AiaynError, ModelConfig, build_model
 from aiayn.generate import generate, translate
 from aiayn.nn.quantize import quantize_int8
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _model(arch: str, **kw: object) -> nn.Module:
