@@ -28,6 +28,13 @@ def _read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--int8``: how an inference command loads its checkpoint (see :func:`_load`)."""
+    p.add_argument("--device", default="auto")
+    p.add_argument("--int8", action="store_true",
+                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
+
+
 def _load(args: argparse.Namespace):
     """Load ``--checkpoint`` on ``--device`` (``auto`` means the CPU with ``--int8``), int8-quantized if asked."""
     from aiayn.pretrained import load_pretrained
@@ -63,9 +70,7 @@ def _translate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty alpha (default 0.6)")
     p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--int8", action="store_true",
-                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
+    _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.translation import translate_texts
@@ -113,12 +118,9 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--alpha", type=float, default=None)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--int8", action="store_true",
-                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
+    _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-
         pre = _load(args)
         if pre.task == "translation":
             return _evaluate_translation(pre, args)

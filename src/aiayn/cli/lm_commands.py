@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.cli.commands import _load, _read_input, command
+from aiayn.cli.commands import _add_load_args, _load, _read_input, command
 from aiayn.errors import AiaynError
 
 
@@ -27,9 +27,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--int8", action="store_true",
-                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
+    _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.lm import codec_from_meta, generate_text
@@ -89,9 +87,7 @@ def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
     p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--int8", action="store_true",
-                   help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
+    _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.classification import predict_proba
