@@ -38,6 +38,8 @@ from translate_beam import EOS, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate, translate  # noqa: E402
+from aiayn.nn.layout import column_major_linears  # noqa: E402
+from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
             "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"}
@@ -94,7 +96,7 @@ def greedy_case(size: LMSize, new_tokens: int) -> tuple[Callable[[], Any], int]:
     cfg = ModelConfig.preset("gpt2-small", n_layers=size.n_layers, d_model=size.d_model,
                              n_heads=size.n_heads, d_ff=4 * size.d_model, vocab_size=size.vocab_size,
                              max_len=size.max_len, dropout=0.0)
-    model = build_model(cfg).eval()
+    model = column_major_linears(build_model(cfg).eval())
     prompt = torch.randint(5, size.vocab_size - 1, (1, 16)).tolist()
     return (lambda: generate(model, prompt, max_new_tokens=new_tokens, greedy=True, stop_ids=())), new_tokens
 
@@ -128,7 +130,7 @@ def overhead_floors(runs: int, new_tokens: int, out_len: int = 20) -> list[dict[
     rows = []
     for label, lm in (("real", LMSize()), ("tiny", LMSize(d_model=24, vocab_size=64))):
         ours, hf = generate_lm.build_pair(lm)
-        r = generate_lm.run_case(ours, hf, 1, 16, new_tokens, runs)
+        r = generate_lm.run_case(ours, quantize_int8(ours), hf, 1, 16, new_tokens, runs)
         rows.append({"case": "greedy", "width": label, "aiayn_ms_per_step": r["aiayn_ms_per_step"],
                      "hf_ms_per_step": r["hf_ms_per_step"], "ct2_ms_per_step": float("nan")})
     for label, size in (("real", SIZES["multi30k"]), ("tiny", Seq2SeqSize("tiny", 16, 16, 4, 3, 64))):
@@ -136,10 +138,11 @@ def overhead_floors(runs: int, new_tokens: int, out_len: int = 20) -> list[dict[
         ours, hf = translate_beam.aiayn_model(size), translate_beam.marian_model(size)
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
             ct2 = translate_beam.convert_to_ct2(hf, Path(tmp))
-            r = translate_beam.run_case(size, ours, hf, ct2, 1, 20, out_len, runs)
+            r = translate_beam.run_case(size, ours, quantize_int8(ours), hf, ct2, 1, 20, out_len, runs)
         ms = {k: 1e3 * benchlib.median(v) / r["steps"] for k, v in r["times"].items()}
         rows.append({"case": "beam-4", "width": label, "aiayn_ms_per_step": ms["aiayn"],
-                     "hf_ms_per_step": ms["transformers"], "ct2_ms_per_step": ms.get("ctranslate2", float("nan"))})
+                     "hf_ms_per_step": ms["transformers"],
+                     "ct2_ms_per_step": ms.get("ctranslate2-float32", float("nan"))})
     for case in ("greedy", "beam-4"):
         real, tiny = (next(r for r in rows if r["case"] == case and r["width"] == w) for w in ("real", "tiny"))
         real["ratio_vs_hf"] = real["hf_ms_per_step"] / real["aiayn_ms_per_step"]

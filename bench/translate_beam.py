@@ -35,6 +35,7 @@ import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
+from aiayn.nn.layout import column_major_linears  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
@@ -59,10 +60,11 @@ SIZES = {
 
 
 def aiayn_model(size: Seq2SeqSize) -> nn.Module:
-    """A random aiayn encoder-decoder of ``size`` (paper: post-LN, ReLU, sinusoidal, tied), in eval mode."""
+    """A random aiayn encoder-decoder of ``size`` (paper: post-LN, ReLU, sinusoidal, tied), in eval mode,
+    with the inference weight layout ``load_pretrained`` gives users (:mod:`aiayn.nn.layout`)."""
     cfg = ModelConfig.preset("paper-base", d_model=size.d_model, d_ff=size.d_ff, n_heads=size.n_heads,
                              n_layers=size.n_layers, vocab_size=size.vocab_size, max_len=512, dropout=0.0)
-    return build_model(cfg).eval()
+    return column_major_linears(build_model(cfg).eval())
 
 
 def marian_model(size: Seq2SeqSize) -> Any:

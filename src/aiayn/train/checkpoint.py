@@ -318,6 +318,7 @@ def _write_all(
         raise AiaynError(f"checkpoint config is not JSON-serializable ({e}); pass plain values") from e
     (tmp / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
     tensors, aliases = _dedupe(model.state_dict())
+    tensors = {k: v.contiguous() for k, v in tensors.items()}  # e.g. column-major inference weights
     save_file(tensors, str(tmp / MODEL_FILE), metadata={ALIASES_KEY: json.dumps(aliases)})
     if tokenizer_writer is not None:
         _write_tokenizer(tmp, tokenizer_writer)

@@ -1,0 +1,51 @@
+"""Weight layout for fast decoding on CPU: every linear weight stored column-major.
+
+``nn.Linear`` keeps its weight W as (out, in), row-major, and computes ``x @ W^T``. BLAS then multiplies by a
+*transposed* operand. At the handful of rows of a decoding step (batch x beams) MKL's kernel for that case is
+much slower than for a plain row-major (in, out) operand: on this project's 2-core AVX2 machine, one thread,
+4 rows times a 256 x 8000 output layer took 1.5 ms with W row-major and 0.4-0.7 ms with W^T contiguous
+(docs/BENCHMARKS.md). HF's GPT-2 stores its ``Conv1D`` weights as (in, out) for this reason.
+
+:func:`column_major_linears` re-lays out every linear weight in place as ``W^T.contiguous().T``: the same
+(out, in) shape and values, with strides (1, out), so ``F.linear`` hands BLAS a row-major W^T. Nothing else
+changes: module code, ``state_dict`` keys and shapes, tied weights (the output layer and the embedding table
+keep sharing one tensor), checkpoint saving (it writes contiguous copies). Results equal the row-major ones up
+to float rounding (a different summation order inside BLAS).
+
+Embedding lookups of a tied, column-major table gather strided rows; at decoding's few tokens per step that
+costs microseconds. For training (hundreds of rows per matmul) the layout neither helps nor hurts much, so the
+trainer leaves weights as they are; inference entry points (``load_pretrained``, the CLI, the benchmarks) call
+this once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def column_major_linears(model: nn.Module) -> nn.Module:
+    """Store every ``nn.Linear`` weight column-major, in place; returns ``model``.
+
+    Args:
+        model: any module; its ``nn.Linear`` weights (out, in) keep their shape, values, identity (the same
+            ``nn.Parameter``, so ties survive) and device.
+
+    Returns:
+        ``model`` itself. Idempotent; a no-op for weights that are already column-major.
+    """
+    seen: set[int] = set()
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.Linear) or id(module.weight) in seen:
+                continue
+            w = module.weight
+            seen.add(id(w))
+            if w.dim() == 2 and not w.t().is_contiguous():
+                w.data = w.data.t().contiguous().t()
+    return model
+
+
+def is_column_major(weight: torch.Tensor) -> bool:
+    """Whether a 2-D (out, in) weight is stored column-major (its transpose is contiguous)."""
+    return weight.dim() == 2 and weight.t().is_contiguous()
