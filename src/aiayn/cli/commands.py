@@ -28,9 +28,18 @@ def _read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    """``--beam``, ``--alpha``, ``--batch-size``: beam search settings of translate and evaluate."""
+    p.add_argument("--beam", type=int, default=None,
+                   help="beam size (default: the checkpoint's [decode] beam, else 4)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="GNMT length penalty alpha (default: the checkpoint's [decode] alpha, else 0.6)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default 64)")
+
+
 def _add_load_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and ``--int8``: how an inference command loads its checkpoint (see :func:`_load`)."""
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available; cpu with --int8)")
     p.add_argument("--int8", action="store_true",
                    help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
 
@@ -66,10 +75,8 @@ def _translate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. runs/demo/best)")
     p.add_argument("--input", "-i", help="source file (plain or .gz); default stdin")
     p.add_argument("--output", "-o", help="output file; default stdout")
-    p.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's, usually 4)")
-    p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty alpha (default 0.6)")
+    _add_decode_args(p)
     p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
-    p.add_argument("--batch-size", type=int, default=64)
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -115,9 +122,7 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
     p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
-    p.add_argument("--beam", type=int, default=None)
-    p.add_argument("--alpha", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=64)
+    _add_decode_args(p)
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
