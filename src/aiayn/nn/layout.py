@@ -12,8 +12,7 @@ changes: module code, ``state_dict`` keys and shapes, tied weights (the output l
 keep sharing one tensor), checkpoint saving (it writes contiguous copies). Results equal the row-major ones up
 to float rounding (a different summation order inside BLAS).
 
-Embedding lookups of a tied, column-major table gather strided rows; at decoding's few tokens per step that
-costs microseconds. For training (hundreds of rows per matmul) the layout neither helps nor hurts much, so the
+Embedding lookups of a tied, column-major table gather strided rows (a few per decoding step). For training (hundreds of rows per matmul) the layout neither helps nor hurts much, so the
 trainer leaves weights as they are; inference entry points (``load_pretrained``, the CLI, the benchmarks) call
 this once.
 """
@@ -41,7 +40,7 @@ def column_major_linears(model: nn.Module) -> nn.Module:
                 continue
             w = module.weight
             seen.add(id(w))
-            if w.dim() == 2 and not w.t().is_contiguous():
+            if w.dim() == 2 and not is_column_major(w):
                 w.data = w.data.t().contiguous().t()
     return model
 
