@@ -64,12 +64,12 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             cache[name] = load_tokenizer(d / name)
         tokenizers[role] = cache[name]
     model = model.to(device).eval()
-    if next(model.parameters()).device.type == "cpu" and not int8:
-        from aiayn.nn.layout import column_major_linears
-
-        column_major_linears(model)  # faster small-batch matmuls when decoding on CPU (same values)
     if int8:
         from aiayn.nn.quantize import quantize_int8
 
         model = quantize_int8(model)
+    elif next(model.parameters()).device.type == "cpu":
+        from aiayn.nn.layout import column_major_linears
+
+        column_major_linears(model)  # faster small-batch matmuls when decoding on CPU (same values)
     return Pretrained(model, config, tokenizers, meta)

@@ -39,7 +39,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
     """``--device`` and ``--int8``: how an inference command loads its checkpoint (see :func:`_load`)."""
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available; cpu with --int8)")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:N or auto (default: cuda if available; cpu with --int8)")
     p.add_argument("--int8", action="store_true",
                    help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
 

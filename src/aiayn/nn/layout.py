@@ -12,9 +12,9 @@ changes: module code, ``state_dict`` keys and shapes, tied weights (the output l
 keep sharing one tensor), checkpoint saving (it writes contiguous copies). Results equal the row-major ones up
 to float rounding (a different summation order inside BLAS).
 
-Embedding lookups of a tied, column-major table gather strided rows (a few per decoding step). For training (hundreds of rows per matmul) the layout neither helps nor hurts much, so the
-trainer leaves weights as they are; inference entry points (``load_pretrained``, the CLI, the benchmarks) call
-this once.
+Embedding lookups of a tied, column-major table gather strided rows (a few per decoding step). For training
+(hundreds of rows per matmul) the layout neither helps nor hurts much, so the trainer leaves weights as they are;
+inference entry points (``load_pretrained``, the CLI, the benchmarks) call this once.
 """
 
 from __future__ import annotations
@@ -33,15 +33,11 @@ def column_major_linears(model: nn.Module) -> nn.Module:
     Returns:
         ``model`` itself. Idempotent; a no-op for weights that are already column-major.
     """
-    seen: set[int] = set()
     with torch.no_grad():
         for module in model.modules():
-            if not isinstance(module, nn.Linear) or id(module.weight) in seen:
-                continue
-            w = module.weight
-            seen.add(id(w))
-            if w.dim() == 2 and not is_column_major(w):
-                w.data = w.data.t().contiguous().t()
+            # a tied weight met a second time is already column-major, so the check below skips it
+            if isinstance(module, nn.Linear) and not is_column_major(module.weight):
+                module.weight.data = module.weight.data.t().contiguous().t()
     return model
 
 
