@@ -59,6 +59,18 @@ def test_models_reject_inputs_longer_than_max_len(arch: str, position: str) -> N
             model(too_long, ok) if arch == "encoder-decoder" else model(too_long)
 
 
+@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
+def test_cached_decoding_past_max_len_raises(position: str) -> None:
+    """Decoding steps check their positions on the host (no device read-back) and still stop at max_len."""
+    model = build_model(ModelConfig.preset("tiny", arch="decoder", position=position, max_len=8)).eval()
+    cache = model.new_cache(8)
+    with torch.no_grad():
+        model(torch.ones(1, 7, dtype=torch.long), cache=cache)  # positions 0..6
+        model(torch.ones(1, 1, dtype=torch.long), cache=cache)  # position 7: the last one
+        with pytest.raises(AiaynError, match="position 8 is beyond max_len=8"):
+            model(torch.ones(1, 1, dtype=torch.long), cache=cache)
+
+
 # ------------------------------------------------------------------------------------------- RoPE
 ROPE_KINDS = [("none", 1.0), ("linear", 4.0), ("ntk", 4.0), ("yarn", 4.0)]
 

@@ -35,8 +35,12 @@ class Stepper(Protocol):
         """tokens (N,) long, one per row -> next-token logits (N, V)."""
         ...
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N',) long (may repeat rows, e.g. to expand to beams)."""
+    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
+        """Keep rows ``index`` (N',) long (may repeat rows, e.g. to expand to beams).
+
+        ``same_sources=True`` promises that new row i comes from a row of the same input as old row i (beams
+        reordered within their sentence); None means unknown.
+        """
         ...
 
 
@@ -87,14 +91,18 @@ class Seq2SeqStepper:
         out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
         return out.logits[:, -1]
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
         """Keep rows ``index`` (N',) of the cache and the source padding flags.
 
         Beams reordered within their own sentence share one projected memory, so the cross-attention caches
         are reordered only when the rows' source sentences change (beam expansion, finished sentences leaving).
+        ``same_sources`` says so when the caller knows (beam search does); None compares the rows' source
+        sentences, which costs a host sync.
         """
         source_row = self.source_row.index_select(0, index)
-        same_sources = source_row.shape == self.source_row.shape and bool((source_row == self.source_row).all())
+        if same_sources is None:
+            same_sources = (source_row.shape == self.source_row.shape
+                            and bool((source_row == self.source_row).all()))
         self.source_row = source_row
         self.cache.reorder(index, cross=not same_sources)
         if not same_sources:
@@ -140,7 +148,7 @@ class LMStepper:
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1]
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N',) of the cache and the position counters."""
+    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
+        """Keep rows ``index`` (N',) of the cache and the position counters (``same_sources`` is unused)."""
         self.cache.reorder(index)
         self.next_pos = self.next_pos.index_select(0, index)

@@ -85,8 +85,10 @@ class TransformerStack(nn.Module):
         b, t = ids.shape
         c = self.config
         start = cache.length if cache is not None else 0
+        max_position = None  # known on the host only for the default positions
         if positions is None:
             positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
+            max_position = start + t - 1
         if is_token is None and not self.causal:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
@@ -117,8 +119,10 @@ class TransformerStack(nn.Module):
 
         x = self.embed(ids) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:
-            x = x + self.abs_pos(positions).to(x.dtype)
-        x = self.dropout(x)
+            pe = self.abs_pos(positions, max_position)
+            x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
+        if self.training and self.dropout.p > 0:  # an eval-mode dropout call is still a dispatched op
+            x = self.dropout(x)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(

@@ -141,6 +141,8 @@ class MultiHeadAttention(nn.Module):
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, t, _ = x.shape
+        if t == 1:  # a decoding step: (B, 1, n*Dh) -> (B, n, 1, Dh) is a single view, no transpose needed
+            return x.view(b, n, 1, self.head_dim)
         return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B, T, n*Dh) -> (B, n, T, Dh)
 
     def forward(
@@ -195,5 +197,6 @@ class MultiHeadAttention(nn.Module):
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
-        out = out.transpose(1, 2).reshape(b, t, hq * dh)  # (B, H, T, Dh) -> (B, T, H*Dh)
+        # (B, H, T, Dh) -> (B, T, H*Dh); with T = 1 both orders are the same, so no transpose
+        out = out.reshape(b, 1, hq * dh) if t == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
         return self.out_proj(out), weights

@@ -16,9 +16,15 @@ from torch import Tensor, nn
 from aiayn.errors import AiaynError
 
 
-def _check_len(positions: Tensor, max_len: int, what: str) -> None:
-    if positions.numel() and int(positions.max()) >= max_len:
-        raise AiaynError(f"position {int(positions.max())} is beyond max_len={max_len} of the {what} "
+def _check_len(positions: Tensor, max_len: int, what: str, max_position: int | None = None) -> None:
+    """Raise a clear error for positions >= max_len. ``max_position``, when the caller knows it on the host,
+    replaces reading ``positions.max()`` back from the device (a host sync at every decoding step)."""
+    if max_position is None:
+        if not positions.numel():
+            return
+        max_position = int(positions.max())
+    if max_position >= max_len:
+        raise AiaynError(f"position {max_position} is beyond max_len={max_len} of the {what} "
                          "positions; truncate the input or build the model with a larger max_len")
 
 
@@ -44,9 +50,9 @@ class SinusoidalPositions(nn.Module):
         self.max_len = max_len
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        """positions (B|1, T) long -> (B|1, T, D)."""
-        _check_len(positions, self.max_len, "sinusoidal")
+    def forward(self, positions: Tensor, max_position: int | None = None) -> Tensor:
+        """positions (B|1, T) long -> (B|1, T, D); ``max_position``: their maximum, if known on the host."""
+        _check_len(positions, self.max_len, "sinusoidal", max_position)
         return self.table[positions]
 
 
@@ -58,9 +64,9 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.weight = nn.Embedding(max_len, d_model)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        """positions (B|1, T) long -> (B|1, T, D)."""
-        _check_len(positions, self.max_len, "learned")
+    def forward(self, positions: Tensor, max_position: int | None = None) -> Tensor:
+        """positions (B|1, T) long -> (B|1, T, D); ``max_position``: their maximum, if known on the host."""
+        _check_len(positions, self.max_len, "learned", max_position)
         return self.weight(positions)
 
 
