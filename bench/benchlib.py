@@ -64,6 +64,45 @@ def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1)
     return times
 
 
+def matmul_floor(weights: Sequence[torch.Tensor], rows: int, steps: int) -> Callable[[], None]:
+    """The bare linear layers of ``steps`` decoding steps: one ``F.linear`` per weight per step, nothing else.
+
+    A decoding step of any fp32 implementation that multiplies by these weights as matrices costs at least
+    this (no attention, norms, cache, search or framework overhead; at batch 1 it streams every weight byte
+    once per step). ``t_peer / t_floor`` therefore bounds the speed-up over a peer that is possible without
+    fewer weight bytes (int8) or fewer weights.
+
+    Args:
+        weights: (out, in) matrices used once per step, in the layout the model itself uses.
+        rows: rows multiplied per step (batch x beams).
+        steps: decoding steps per call.
+    Returns:
+        a zero-argument callable for :func:`alternate`.
+    """
+    xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
+
+    def run() -> None:
+        with torch.inference_mode():
+            for _ in range(steps):
+                for x, w in zip(xs, weights):
+                    torch.nn.functional.linear(x, w)
+
+    return run
+
+
+def step_linears(module: torch.nn.Module, skip: Sequence[str] = ()) -> list[torch.Tensor]:
+    """The distinct weights of ``module``'s ``nn.Linear`` layers (tied ones once), except those whose own name
+    (the last part of the dotted path) is in ``skip``: e.g. ``kv_proj``, the cross-attention key/value
+    projection, computed once per sentence rather than per step."""
+    seen: set[int] = set()
+    out = []
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in skip and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            out.append(m.weight.detach())
+    return out
+
+
 def median(xs: Sequence[float]) -> float:
     """Median of a non-empty sequence."""
     return float(statistics.median(xs))

@@ -5,7 +5,9 @@ the HF model into aiayn), the same prompts and exactly the same number of new to
 id, HF with ``min_new_tokens == max_new_tokens``. Runs alternate; we report the median tokens/s and the ratio.
 A third contender is aiayn's opt-in int8 inference (``aiayn.nn.quantize``, ``--int8`` on the command line) on
 the same weights: its ratio is against transformers in fp32, and ``int8_same_tokens`` is the fraction of its
-greedy tokens equal to the fp32 model's.
+greedy tokens equal to the fp32 model's. A fourth timed entry, ``matmul-floor``, runs only the model's linear
+layers for the same number of steps (:func:`benchlib.matmul_floor`); ``fp32_bound_vs_hf`` = transformers' time /
+that floor is the most any fp32 implementation of these matmuls could gain over transformers.
 
     .venv/bin/python bench/generate_lm.py            # 6 layers x 384, batch 1 and 16, 16 + 128 tokens
     .venv/bin/python bench/generate_lm.py --quick
@@ -105,14 +107,15 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                     pad_token_id=vocab - 1)
 
-    times = benchlib.alternate({"aiayn": run_ours, "aiayn-int8": run_ours_int8, "transformers": run_hf},
-                               runs=runs, warmup=warmup)
+    floor = benchlib.matmul_floor(benchlib.step_linears(ours), batch, new_tokens)
+    times = benchlib.alternate({"aiayn": run_ours, "aiayn-int8": run_ours_int8, "transformers": run_hf,
+                                "matmul-floor": floor}, runs=runs, warmup=warmup)
     ours_tokens = torch.tensor(out["ours"])
     hf_tokens = out["hf"][:, prompt_len:]
     if ours_tokens.shape != hf_tokens.shape:
         raise RuntimeError(f"output lengths differ: {tuple(ours_tokens.shape)} vs {tuple(hf_tokens.shape)}")
     t_ours, t_hf = benchlib.median(times["aiayn"]), benchlib.median(times["transformers"])
-    t_int8 = benchlib.median(times["aiayn-int8"])
+    t_int8, t_floor = benchlib.median(times["aiayn-int8"]), benchlib.median(times["matmul-floor"])
     n = batch * new_tokens
     return {
         "batch": batch, "prompt": prompt_len, "new_tokens": new_tokens,
@@ -121,7 +124,9 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
         "same_tokens": float((ours_tokens == hf_tokens).float().mean()),
         "aiayn_int8_tok_s": n / t_int8, "int8_ratio_vs_hf": t_hf / t_int8,
         "int8_same_tokens": float((torch.tensor(out["int8"]) == ours_tokens).float().mean()),
+        "floor_ms_per_step": 1e3 * t_floor / new_tokens, "fp32_bound_vs_hf": t_hf / t_floor,
         "times_aiayn": times["aiayn"], "times_aiayn_int8": times["aiayn-int8"], "times_hf": times["transformers"],
+        "times_floor": times["matmul-floor"],
     }
 
 
@@ -136,7 +141,8 @@ def bench_generate(size: LMSize | None = None, batches: tuple[int, ...] = (1, 16
 
 
 COLUMNS = ["batch", "prompt", "new_tokens", "aiayn_tok_s", "hf_tok_s", "ratio_vs_hf", "aiayn_ms_per_step",
-           "hf_ms_per_step", "same_tokens", "aiayn_int8_tok_s", "int8_ratio_vs_hf", "int8_same_tokens"]
+           "hf_ms_per_step", "same_tokens", "aiayn_int8_tok_s", "int8_ratio_vs_hf", "int8_same_tokens",
+           "floor_ms_per_step", "fp32_bound_vs_hf"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

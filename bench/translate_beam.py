@@ -13,6 +13,11 @@ Every system makes exactly ``out_len + 1`` decoder steps: aiayn gets a budget of
 is forced) and EOS is masked before that; HF gets ``min_new_tokens=out_len, max_new_tokens=out_len + 1`` (EOS
 forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out_len + 1``.
 
+A last timed entry, ``matmul-floor``, runs only the decoder's per-step linear layers and the output layer on
+batch x beam rows for the same number of steps (:func:`benchlib.matmul_floor`): ``fp32_bound_vs_hf`` =
+transformers' time / that floor is the most any fp32 implementation of these matmuls could gain over
+transformers (the encoder, attention and search are not even counted).
+
     .venv/bin/python bench/translate_beam.py          # multi30k and paper-base sizes, batch 1 and 32
     .venv/bin/python bench/translate_beam.py --quick
 """
@@ -182,6 +187,9 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
            "transformers": run_hf}
     for kind in ct2:
         fns[f"ctranslate2-{kind}"] = run_ct2(kind)
+    # the decoder's per-step linears (cross-attention K/V are projected once per sentence) and the output layer
+    fns["matmul-floor"] = benchlib.matmul_floor(benchlib.step_linears(ours.decoder, skip=("kv_proj",))
+                                                + [ours.lm_head.proj.weight.detach()], batch * beam, out_len + 1)
     with masks[0], masks[1]:
         times = benchlib.alternate(fns, runs=runs, warmup=warmup)
     lengths = {name: sorted({len(h[0].tokens) + 1 for h in out[name]}) for name in ("aiayn", "aiayn-int8")}
@@ -199,6 +207,8 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
         "aiayn_int8_sent_s": batch / med["aiayn-int8"], "ct2_int8_sent_s": batch / ct2_i8,
         "int8_ratio_vs_hf": med["transformers"] / med["aiayn-int8"],
         "int8_ratio_vs_ct2_int8": ct2_i8 / med["aiayn-int8"],
+        "floor_ms_per_step": 1e3 * med["matmul-floor"] / (out_len + 1),
+        "fp32_bound_vs_hf": med["transformers"] / med["matmul-floor"],
         "out_lengths": lengths, "times": times,
     }
     return row
@@ -222,7 +232,8 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
 
 
 COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct2_sent_s", "ratio_vs_hf",
-           "ratio_vs_ct2", "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf", "int8_ratio_vs_ct2_int8"]
+           "ratio_vs_ct2", "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf", "int8_ratio_vs_ct2_int8",
+           "floor_ms_per_step", "fp32_bound_vs_hf"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -59,6 +59,21 @@ def test_generate_bench_forces_equal_lengths() -> None:
         assert r["aiayn_tok_s"] > 0 and r["hf_tok_s"] > 0 and r["ratio_vs_hf"] > 0
         assert r["aiayn_int8_tok_s"] > 0 and 0 <= r["int8_same_tokens"] <= 1
         assert len(r["times_aiayn"]) == 1 and len(r["times_aiayn_int8"]) == 1
+        assert r["floor_ms_per_step"] > 0 and r["fp32_bound_vs_hf"] > 0
+
+
+def test_matmul_floor_covers_each_step_weight_once() -> None:
+    """The floor multiplies by every distinct linear weight (tied ones once), skipping per-sentence ones."""
+    ours, _ = generate_lm.build_pair(TINY_LM)
+    weights = benchlib.step_linears(ours)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in ours.modules())
+    assert len(weights) == n_linear  # the tied output layer is one nn.Linear sharing the embedding
+    assert len({id(w) for w in weights}) == len(weights)
+    size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=2, vocab_size=61)
+    dec = translate_beam.aiayn_model(size).decoder
+    per_step = benchlib.step_linears(dec, skip=("kv_proj",))
+    assert len(per_step) == len(benchlib.step_linears(dec)) - 2  # one cross K/V projection per layer
+    benchlib.matmul_floor(per_step, rows=3, steps=2)()  # runs
 
 
 def test_translate_bench_forces_equal_lengths() -> None:
@@ -67,6 +82,7 @@ def test_translate_bench_forces_equal_lengths() -> None:
     (row,) = out["rows"]
     assert row["out_lengths"]["aiayn"] == [5] and row["out_lengths"]["transformers"] == [5]
     assert row["out_lengths"]["aiayn-int8"] == [5] and row["aiayn_int8_sent_s"] > 0
+    assert row["floor_ms_per_step"] > 0 and row["fp32_bound_vs_hf"] > 0
     if HAS_CT2:
         assert row["out_lengths"]["ctranslate2-float32"] == [5] and row["out_lengths"]["ctranslate2-int8"] == [5]
         assert row["ct2_sent_s"] > 0 and row["ct2_int8_sent_s"] > 0
