@@ -99,11 +99,12 @@ class Seq2SeqStepper:
         ``same_sources`` says so when the caller knows (beam search does); None compares the rows' source
         sentences, which costs a host sync.
         """
-        source_row = self.source_row.index_select(0, index)
-        if same_sources is None:
-            same_sources = (source_row.shape == self.source_row.shape
-                            and bool((source_row == self.source_row).all()))
-        self.source_row = source_row
+        if same_sources is not True:  # rows keeping their sources keep source_row too
+            source_row = self.source_row.index_select(0, index)
+            if same_sources is None:
+                same_sources = (source_row.shape == self.source_row.shape
+                                and bool((source_row == self.source_row).all()))
+            self.source_row = source_row
         self.cache.reorder(index, cross=not same_sources)
         if not same_sources:
             self.src_is_token = self.src_is_token.index_select(0, index)

@@ -32,11 +32,10 @@ class SelfAttnCache:
             cap = max(2 * self.k.shape[2], end)
             self.k = torch.cat([self.k, self.k.new_empty(b, h, cap - self.k.shape[2], d)], dim=2)
             self.v = torch.cat([self.v, self.v.new_empty(b, h, cap - self.v.shape[2], d)], dim=2)
-        # narrow() is one view op where [:, :, a:b] is three slices: this runs twice per layer per step
-        self.k.narrow(2, self.length, t).copy_(k)
-        self.v.narrow(2, self.length, t).copy_(v)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
         self.length = end
-        return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)
+        return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions."""
@@ -45,9 +44,8 @@ class SelfAttnCache:
         n, k, v = self.length, self.k, self.v
         if index.shape[0] != k.shape[0]:  # the batch size changes; otherwise (beam reordering) reuse the buffers
             self.k, self.v = k.new_empty(index.shape[0], *k.shape[1:]), v.new_empty(index.shape[0], *v.shape[1:])
-        # index_select copies before the buffer is written
-        self.k.narrow(2, 0, n).copy_(k.narrow(2, 0, n).index_select(0, index))
-        self.v.narrow(2, 0, n).copy_(v.narrow(2, 0, n).index_select(0, index))
+        self.k[:, :, :n] = k[:, :, :n].index_select(0, index)  # index_select copies before the buffer is written
+        self.v[:, :, :n] = v[:, :, :n].index_select(0, index)
 
 
 class CrossAttnCache:
