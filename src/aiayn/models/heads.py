@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.norms import build_norm
 
 
@@ -46,7 +47,7 @@ class ClassificationHead(nn.Module):
         super().__init__()
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(d_model, n_classes)
 
     def forward(self, h: Tensor, is_token: Tensor) -> Tensor:
@@ -64,7 +65,7 @@ class TokenClassificationHead(nn.Module):
 
     def __init__(self, d_model: int, n_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(d_model, n_labels)
 
     def forward(self, h: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn import masks as M
 from aiayn.nn.cache import DecoderCache
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.layers import TransformerLayer
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, SinusoidalPositions, T5RelativeBias
@@ -49,7 +50,7 @@ class TransformerStack(nn.Module):
             self.pos_bias = ALiBi(c.n_heads)
         elif c.position == "t5":
             self.pos_bias = T5RelativeBias(c.n_heads, c.t5_num_buckets, c.t5_max_distance, bidirectional=not causal)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(TransformerLayer(c, cross=cross, alpha=alpha) for _ in range(n_layers))
         self.final_norm = (build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
                            if c.norm_position == "pre" else nn.Identity())

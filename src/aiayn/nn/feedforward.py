@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn.dropout import Dropout
+
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "swiglu": F.silu, "geglu": F.gelu}
 
 
@@ -32,7 +34,7 @@ class FeedForward(nn.Module):
         self.act = _ACTS[activation]
         self.w_in = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""

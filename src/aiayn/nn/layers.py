@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.feedforward import FeedForward
 from aiayn.nn.norms import build_norm
 
@@ -30,7 +31,7 @@ class Residual(nn.Module):
         self.pre = config.norm_position == "pre"
         self.alpha = alpha
         self.norm = build_norm(config.norm, config.d_model, config.norm_eps, config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def enter(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> the sublayer input: LN(x) for pre-LN, x itself for post-LN."""
