@@ -5,12 +5,17 @@
   transformers ``MarianMTModel`` (the same post-LN/ReLU/sinusoidal architecture).
 - Decoder-only, GPT-2-small (768/3072/12, 12 layers, vocab 50257), batch 8 x 128: aiayn vs
   ``GPT2LMHeadModel``.
+- Encoder-decoder at the tiny Multi30k recipe's size (128/256/4, 4+4, vocab 8000, dropout 0.3), batch 256 x 16
+  / 16 (about the recipe's 4096-token batches): the same three.
 
-Dropout 0.1 on embeddings and residual branches everywhere, none on attention weights or the FFN hidden layer
-(torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss: token
-cross-entropy over all positions, each library's own way (the peers: logits, then ``F.cross_entropy``; aiayn: its
-trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer: ``torch.optim.Adam`` with the
-fused kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
+"aiayn-torch-dropout" is aiayn with ``torch.nn.functional.dropout`` and one 256 MB chunk of logits in the fused
+loss, as it trained before :mod:`aiayn.nn.dropout` and the cache-sized CPU chunks: the ratio says what those buy.
+
+Dropout 0.1 (0.3 for the tiny setup) on embeddings and residual branches everywhere, none on attention weights or the
+FFN hidden layer (torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss:
+token cross-entropy over all positions, each library's own way (the peers: logits, then ``F.cross_entropy``; aiayn:
+its trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer: ``torch.optim.Adam`` with the fused
+kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
 
 MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s (a 2048^3
 matmul, as :mod:`matmul_peak`, timed in the same alternating rounds so it sees the same load); tokens are
@@ -24,12 +29,13 @@ subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS rig
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +48,9 @@ import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.models import forward_flops_per_token  # noqa: E402
+from aiayn.nn import dropout as aiayn_dropout  # noqa: E402
 from aiayn.nn.positions import sinusoidal_table  # noqa: E402
+from aiayn.train import fused_loss  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
 DROPOUT = 0.1
@@ -50,9 +58,14 @@ DROPOUT = 0.1
 # name -> (config overrides, batch, src_len, tgt_len, implementations); "quick" variants are tiny
 SETUPS: dict[str, dict[str, Any]] = {
     "seq2seq-paper-base": dict(preset="paper-base", cfg=dict(vocab_size=32000), batch=16, src=32, tgt=32,
-                               impls=("aiayn", "torch.nn.Transformer", "transformers-marian")),
+                               impls=("aiayn", "aiayn-torch-dropout", "torch.nn.Transformer", "transformers-marian")),
     "lm-gpt2-small": dict(preset="gpt2-small", cfg=dict(activation="gelu"), batch=8, src=0, tgt=128,
-                          impls=("aiayn", "transformers-gpt2")),
+                          impls=("aiayn", "aiayn-torch-dropout", "transformers-gpt2")),
+    # the tiny Multi30k recipe's model (post-LN here, as the peers), dropout 0.3, ~4096 target tokens per step
+    "seq2seq-multi30k-tiny": dict(preset="paper-base", cfg=dict(vocab_size=8000, d_model=128, n_heads=4, d_ff=256,
+                                                                n_layers=4, dropout=0.3), batch=256, src=16, tgt=16,
+                                  impls=("aiayn", "aiayn-torch-dropout", "torch.nn.Transformer",
+                                         "transformers-marian")),
 }
 QUICK_CFG = dict(d_model=128, d_ff=512, n_heads=4, n_layers=2)
 
@@ -60,7 +73,7 @@ QUICK_CFG = dict(d_model=128, d_ff=512, n_heads=4, n_layers=2)
 def model_config(setup: str, quick: bool = False, overrides: dict[str, Any] | None = None) -> ModelConfig:
     """The aiayn config of a setup (shrunk when ``quick``, then overridden); every peer is built to match."""
     s = SETUPS[setup]
-    over = {**s["cfg"], "dropout": DROPOUT, **(QUICK_CFG if quick else {})}
+    over = {"dropout": DROPOUT, **s["cfg"], **(QUICK_CFG if quick else {})}
     if quick:
         over["vocab_size"] = 4000
     return ModelConfig.preset(s["preset"], **{**over, **(overrides or {})})
@@ -151,7 +164,7 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     src = torch.randint(5, v - 2, (b, s["src"]), generator=g) if s["src"] else None
     forward: Callable[[], Tensor]
     loss_fn: Callable[[], Tensor] | None = None
-    if impl == "aiayn":  # aiayn's trainer path: hidden states, then the fused projection + loss
+    if impl in ("aiayn", "aiayn-torch-dropout"):  # aiayn's trainer path: hidden states, fused projection + loss
         model = build_model(c)
         flat = labels  # (B, T)
         hidden = ((lambda: model(src, tgt_in, compute_logits=False).hidden) if src is not None
@@ -180,13 +193,27 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def step() -> float:
-        loss = loss_fn()
-        loss.backward()
+        with _before_fast_cpu_training() if impl == "aiayn-torch-dropout" else contextlib.nullcontext():
+            loss = loss_fn()
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
     return step, b * s["tgt"]
+
+
+@contextlib.contextmanager
+def _before_fast_cpu_training() -> Iterator[None]:
+    """aiayn as it trained before its CPU dropout mask and cache-sized loss chunks: ``torch.nn.functional.dropout``
+    and one 256 MB chunk of logits (the "aiayn-torch-dropout" implementation, to measure what they buy)."""
+    saved = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ELEMENTS
+    aiayn_dropout.dropout = lambda x, p, training=True: F.dropout(x, p, training)
+    fused_loss.CPU_CHUNK_ELEMENTS = fused_loss.CHUNK_ELEMENTS
+    try:
+        yield
+    finally:
+        aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ELEMENTS = saved
 
 
 def measure_memory(setup: str, impl: str, quick: bool) -> dict[str, float]:
