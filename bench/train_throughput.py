@@ -207,13 +207,13 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
 def _before_fast_cpu_training() -> Iterator[None]:
     """aiayn as it trained before its CPU dropout mask and cache-sized loss chunks: ``torch.nn.functional.dropout``
     and one 256 MB chunk of logits (the "aiayn-torch-dropout" implementation, to measure what they buy)."""
-    saved = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ELEMENTS
+    saved = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
     aiayn_dropout.dropout = lambda x, p, training=True: F.dropout(x, p, training)
-    fused_loss.CPU_CHUNK_ELEMENTS = fused_loss.CHUNK_ELEMENTS
+    fused_loss.CPU_CHUNK_ROWS = 0
     try:
         yield
     finally:
-        aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ELEMENTS = saved
+        aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS = saved
 
 
 def measure_memory(setup: str, impl: str, quick: bool) -> dict[str, float]:

@@ -168,12 +168,12 @@ def test_train_bench_before_variant_swaps_dropout_and_chunks_back() -> None:
     from aiayn.nn import dropout as aiayn_dropout
     from aiayn.train import fused_loss
 
-    fast, chunk = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ELEMENTS
+    fast, chunk = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
     with train_throughput._before_fast_cpu_training():
-        assert aiayn_dropout.dropout is not fast and fused_loss.CPU_CHUNK_ELEMENTS == fused_loss.CHUNK_ELEMENTS
+        assert aiayn_dropout.dropout is not fast and fused_loss.CPU_CHUNK_ROWS == 0
         torch.manual_seed(0)
         x = torch.ones(1000)
         y = aiayn_dropout.Dropout(0.5)(x)  # the module looks the function up at call time
         torch.manual_seed(0)
         assert torch.equal(y, torch.nn.functional.dropout(x, 0.5, True))
-    assert aiayn_dropout.dropout is fast and fused_loss.CPU_CHUNK_ELEMENTS == chunk
+    assert aiayn_dropout.dropout is fast and fused_loss.CPU_CHUNK_ROWS == chunk
