@@ -15,6 +15,8 @@ scaling and gradient.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,9 +35,7 @@ def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     Returns:
         (*shape) bool tensor.
     """
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), (1 << 63) - 1)
     uniform16 = words.view(torch.int16)[:n].view(shape)  # (*shape) uniform on [-32768, 32768)
     return uniform16 < round(p * 65536) - _HALF

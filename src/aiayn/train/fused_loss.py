@@ -66,13 +66,13 @@ class _LinearSmoothedNLL(torch.autograd.Function):
                 loss = (1.0 - epsilon) * nll + epsilon * smooth
             loss_sum += (loss * keep_f).sum()
             nll_sum += (nll * keep_f).sum()
-            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - eps * u, zero on ignored rows: one pass over e
-            # for the softmax scaled by keep, the spread and the ignored class, then a scatter for the label
+            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - eps * u, zero on ignored rows: in place over e,
+            # the softmax scaled by keep, minus the spread (none on the ignored class), then a scatter for the label
             g = e.mul_((keep_f / total_e)[:, None])  # (n, V) softmax on kept rows, in place
             if epsilon > 0:
                 g.sub_((spread * keep_f)[:, None])
-            if epsilon > 0 and ignore_vocab_id is not None:
-                g[:, ignore_vocab_id] += spread * keep_f
+                if ignore_vocab_id is not None:
+                    g[:, ignore_vocab_id] += spread * keep_f
             g.scatter_add_(1, safe, (-(1.0 - epsilon) * keep_f)[:, None])
             gc = g.to(h.dtype)
             if grad_h is not None:
@@ -134,5 +134,4 @@ def linear_label_smoothed_nll(
         chunk_rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
         if h.device.type == "cpu" and CPU_CHUNK_ROWS:
             chunk_rows = min(chunk_rows, CPU_CHUNK_ROWS)
-    rows = chunk_rows
-    return _LinearSmoothedNLL.apply(h, weight, labels.reshape(-1), float(epsilon), ignore_vocab_id, int(rows))
+    return _LinearSmoothedNLL.apply(h, weight, labels.reshape(-1), float(epsilon), ignore_vocab_id, int(chunk_rows))
