@@ -9,7 +9,7 @@
   / 16 (about the recipe's 4096-token batches): the same three.
 
 "aiayn-torch-dropout" is aiayn with ``torch.nn.functional.dropout`` and one 256 MB chunk of logits in the fused
-loss, as it trained before :mod:`aiayn.nn.dropout` and the cache-sized CPU chunks: the ratio says what those buy.
+loss instead of :mod:`aiayn.nn.dropout` and 512-row CPU chunks: the ratio says what those two buy.
 
 Dropout 0.1 (0.3 for the tiny setup) on embeddings and residual branches everywhere, none on attention weights or the
 FFN hidden layer (torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss:
@@ -193,7 +193,7 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def step() -> float:
-        with _before_fast_cpu_training() if impl == "aiayn-torch-dropout" else contextlib.nullcontext():
+        with _torch_dropout_one_chunk() if impl == "aiayn-torch-dropout" else contextlib.nullcontext():
             loss = loss_fn()
             loss.backward()
         opt.step()
@@ -204,9 +204,9 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
 
 
 @contextlib.contextmanager
-def _before_fast_cpu_training() -> Iterator[None]:
-    """aiayn as it trained before its CPU dropout mask and cache-sized loss chunks: ``torch.nn.functional.dropout``
-    and one 256 MB chunk of logits (the "aiayn-torch-dropout" implementation, to measure what they buy)."""
+def _torch_dropout_one_chunk() -> Iterator[None]:
+    """aiayn without its CPU dropout mask and 512-row loss chunks: ``torch.nn.functional.dropout`` and one 256 MB
+    chunk of logits (the "aiayn-torch-dropout" implementation, to measure what those two buy)."""
     saved = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
     aiayn_dropout.dropout = lambda x, p, training=True: F.dropout(x, p, training)
     fused_loss.CPU_CHUNK_ROWS = 0

@@ -164,12 +164,12 @@ def test_memory_worker_reports_peak_rss() -> None:
     assert mem["peak_rss_mb"] > mem["delta_rss_mb"] > 0
 
 
-def test_train_bench_before_variant_swaps_dropout_and_chunks_back() -> None:
+def test_train_bench_torch_dropout_variant_swaps_dropout_and_chunks_back() -> None:
     from aiayn.nn import dropout as aiayn_dropout
     from aiayn.train import fused_loss
 
     fast, chunk = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
-    with train_throughput._before_fast_cpu_training():
+    with train_throughput._torch_dropout_one_chunk():
         assert aiayn_dropout.dropout is not fast and fused_loss.CPU_CHUNK_ROWS == 0
         torch.manual_seed(0)
         x = torch.ones(1000)
@@ -177,3 +177,11 @@ def test_train_bench_before_variant_swaps_dropout_and_chunks_back() -> None:
         torch.manual_seed(0)
         assert torch.equal(y, torch.nn.functional.dropout(x, 0.5, True))
     assert aiayn_dropout.dropout is fast and fused_loss.CPU_CHUNK_ROWS == chunk
+
+
+def test_cpu_train_kernels_bench_runs() -> None:
+    import cpu_train_kernels
+
+    out = cpu_train_kernels.bench_kernels(quick=True, runs=1)
+    (row,) = out["rows"]
+    assert row["dropout_speedup"] > 0 and row["loss_512_rows_ms"] > 0 and row["loss_one_chunk_ms"] > 0

@@ -4,7 +4,7 @@ On CPU, ``torch.nn.functional.dropout`` draws one Bernoulli sample per element f
 Mersenne-Twister generator, one element at a time: about 15 ms for a 4096 x 256 activation on this project's
 2-core machine, the same order as the layer's matmuls. Here the mask comes from 64-bit words of the same
 generator (``Tensor.random_``), each word cut into four 16-bit uniforms, so a position is dropped with
-probability ``round(p * 65536) / 65536`` (within 1/131072 of ``p``): about 2.4x less time for the whole
+probability ``round(p * 65536) / 65536`` (within 1/131072 of ``p``): about 2x less time for the whole
 dropout. Kept values are scaled by ``1 / (1 - p)`` as usual, so the expectation is unchanged; the mask is
 seeded by ``torch.manual_seed`` like any other draw, so runs and resumed runs stay reproducible.
 

@@ -22,9 +22,9 @@ from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 
 #: logits elements per chunk on accelerators (float32: 256 MB): few, large kernels
 CHUNK_ELEMENTS = 1 << 26
-#: rows per chunk on CPU (0: as on accelerators): the several passes over a chunk's logits then run in cache; 512
-#: measured 1.1-1.3x faster for the whole loss than one large chunk at d_model 128-512 (V 8000, 32000), 0.92x at
-#: GPT-2 small's 768 x 50257, and clearly better than fewer rows (64 rows starve the matmuls at d_model 512)
+#: rows per chunk on CPU (0: as on accelerators), so the passes over a chunk's logits run in cache: within 3% of one
+#: large chunk at d_model 128-768 (bench/cpu_train_kernels.py), clearly better than fewer rows (64 rows starve the
+#: matmuls at d_model 512: 1.34x slower), and it bounds the logits in memory to 512 x V
 CPU_CHUNK_ROWS = 512
 
 

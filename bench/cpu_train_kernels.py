@@ -1,0 +1,80 @@
+"""The two CPU training kernels aiayn replaces, against torch's own, at the shapes of the training benches.
+
+- Dropout: :func:`aiayn.nn.dropout.dropout` (mask from 64-bit words, four uniforms each) vs
+  ``torch.nn.functional.dropout``, on an activation of ``rows x 4 * d_model``.
+- The fused projection + loss (:func:`aiayn.train.fused_loss.linear_label_smoothed_nll`, forward + backward) with
+  chunks of 64 and 512 rows (512 is the CPU default) and with one large chunk (the accelerator default).
+
+Alternating runs, median of ``--runs`` (default 7), milliseconds.
+
+    .venv/bin/python bench/cpu_train_kernels.py
+    .venv/bin/python bench/cpu_train_kernels.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+from aiayn.nn.dropout import dropout  # noqa: E402
+from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
+
+# (name, rows, d_model, vocab): tiny Multi30k recipe, paper-base, GPT-2 small (8 x 128 tokens)
+SHAPES = [("tiny-multi30k", 4096, 128, 8000), ("paper-base", 512, 512, 32000), ("gpt2-small", 1024, 768, 50257)]
+QUICK_SHAPES = [("quick", 256, 64, 1000)]
+CHUNKS = {"loss_64_rows": 64, "loss_512_rows": 512, "loss_one_chunk": 1 << 30}
+
+
+def time_shape(name: str, n: int, d: int, v: int, runs: int) -> dict:
+    """Both kernels at one shape: ``n`` rows (tokens) of width ``d``, vocabulary ``v``; one result row."""
+    x = torch.randn(n, 4 * d)  # (n, 4D) an FFN-sized activation
+    h = torch.randn(n, d, requires_grad=True)  # (n, D)
+    w = (torch.randn(v, d) * 0.05).requires_grad_()  # (V, D)
+    y = torch.randint(1, v, (n,))  # (n,)
+
+    def loss(chunk: int) -> None:
+        linear_label_smoothed_nll(h, w, y, 0.1, ignore_vocab_id=0, chunk_rows=min(chunk, n))[0].backward()
+
+    fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_torch": lambda: F.dropout(x, 0.1, True)}
+    fns.update({k: (lambda c=c: loss(c)) for k, c in CHUNKS.items()})
+    times = benchlib.alternate(fns, runs=runs, warmup=1)
+    row = {"shape": name, "rows": n, "d_model": d, "vocab": v}
+    row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
+    row["dropout_speedup"] = row["dropout_torch_ms"] / row["dropout_aiayn_ms"]
+    row["loss_512_vs_one_chunk"] = row["loss_one_chunk_ms"] / row["loss_512_rows_ms"]
+    return row
+
+
+def bench_kernels(quick: bool = False, runs: int = 7) -> dict:
+    """Time both kernels at each shape; returns the JSON payload (one row per shape)."""
+    rows = [time_shape(*shape, runs=runs) for shape in (QUICK_SHAPES if quick else SHAPES)]
+    return {"runs": runs, "quick": quick, "rows": rows}
+
+
+COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_torch_ms", "dropout_speedup",
+           "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry point: run, print the table, write ``bench/results/cpu_train_kernels.json``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    benchlib.add_common_args(p, runs=7)
+    args = p.parse_args(argv)
+    benchlib.setup(args.threads)
+    t0 = time.perf_counter()
+    payload = bench_kernels(args.quick, runs=args.runs or (2 if args.quick else 7))
+    payload["wall_s"] = time.perf_counter() - t0
+    benchlib.report("cpu_train_kernels", payload, COLUMNS, args.quick)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
