@@ -244,6 +244,57 @@ def test_average_of_two_is_the_mean(tmp_path: Path) -> None:
         average_checkpoints([])
 
 
+def test_write_average_and_the_average_command(tmp_path: Path, capsys) -> None:
+    from aiayn.cli.main import main
+    from aiayn.train.checkpoint import periodic_checkpoints, write_average
+
+    run = tmp_path / "run"
+    models = {step: _trained(seed)[0] for seed, step in enumerate((200, 1000, 400))}
+    for step, m in models.items():
+        save_checkpoint(run / f"step-{step}", m, {"model": {"d": 4}}, tokenizer_writer=[_tok_file(tmp_path)])
+    (run / "step-x").mkdir()  # not a periodic checkpoint
+    assert [p.name for p in periodic_checkpoints(run)] == ["step-200", "step-400", "step-1000"]
+
+    out = write_average([run / "step-400", run / "step-1000"], tmp_path / "avg")
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.safetensors", "tok.json"]
+    got = read_state_dict(out)
+    want = average_checkpoints([run / "step-400", run / "step-1000"])
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert got["head.weight"] is got["embed.weight"]  # the tie survives
+    assert load_config(out) == {"model": {"d": 4}}
+
+    assert main(["average", "--run", str(run), "--last", "2", "--out", str(tmp_path / "cli")]) == 0
+    assert "averaged 2 checkpoints (step-400 .. step-1000)" in capsys.readouterr().out
+    cli = read_state_dict(tmp_path / "cli")
+    assert all(torch.equal(cli[k], want[k]) for k in want)
+    assert main([
+        "average", str(run / "step-200"), str(run / "step-400"), str(run / "step-1000"), "--out", str(tmp_path / "all")
+    ]) == 0
+    every = average_checkpoints(periodic_checkpoints(run))
+    assert all(torch.equal(read_state_dict(tmp_path / "all")[k], every[k]) for k in every)
+
+    save_checkpoint(tmp_path / "other", models[200], {"model": {"d": 8}})
+    for argv, message in [
+        (["average", "--out", str(tmp_path / "x")], "not both or neither"),
+        (["average", str(run / "step-200"), "--last", "1", "--out", str(tmp_path / "x")], "--last needs --run"),
+        (["average", "--run", str(run), "--last", "0", "--out", str(tmp_path / "x")], "at least 1"),
+        (["average", "--run", str(tmp_path), "--out", str(tmp_path / "x")], "no step-N checkpoints"),
+        (["average", str(run / "step-200"), "--out", str(run / "step-200")], "one of the checkpoints"),
+        (["average", str(run / "step-200"), str(tmp_path / "other"), "--out", str(tmp_path / "x")],
+         "model config differs"),
+    ]:
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
+    assert (run / "step-200" / "model.safetensors").is_file()  # nothing overwritten
+    assert not (tmp_path / "x").exists()
+
+
+def _tok_file(tmp_path: Path) -> Path:
+    file = tmp_path / "tok.json"
+    file.write_text("{}")
+    return file
+
+
 def test_keep_last_prunes_by_natural_order(tmp_path: Path) -> None:
     m = Tiny()
     for step in (900, 1000, 50, 2000):

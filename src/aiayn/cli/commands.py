@@ -200,6 +200,40 @@ def _demo(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
+# ---------------------------------------------------------------------------------------------- average
+@command("average", "Average the weights of checkpoints (the paper's last-N averaging) into a new checkpoint.")
+def _average(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoints", nargs="*", help="checkpoint directories to average (or use --run/--last)")
+    p.add_argument("--run", dest="run_dir", metavar="DIR",
+                   help="a training run's out_dir: average its periodic step-N checkpoints")
+    p.add_argument("--last", type=int, default=None, help="with --run: only the last N of them (default all)")
+    p.add_argument("--out", required=True, help="directory to write the averaged checkpoint to")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.train.checkpoint import periodic_checkpoints, write_average
+
+        if bool(args.run_dir) == bool(args.checkpoints):
+            raise AiaynError("give either checkpoint directories or --run DIR (with --last N), not both or neither")
+        if args.last is not None and not args.run_dir:
+            raise AiaynError("--last needs --run DIR")
+        dirs = [Path(c) for c in args.checkpoints]
+        if args.run_dir:
+            if args.last is not None and args.last < 1:
+                raise AiaynError(f"--last must be at least 1, got {args.last}")
+            dirs = periodic_checkpoints(args.run_dir)
+            if not dirs:
+                raise AiaynError(f"{args.run_dir}: no step-N checkpoints; pass a run's out_dir (train.save_every > 0)")
+            dirs = dirs[-args.last:] if args.last else dirs
+            if args.last and len(dirs) < args.last:
+                print(f"aiayn average: only {len(dirs)} step-N checkpoints in {args.run_dir}; averaging all of them",
+                      file=sys.stderr)
+        out = write_average(dirs, args.out)
+        print(f"averaged {len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name}) into {out}")
+        return 0
+
+    p.set_defaults(run=run)
+
+
 # ---------------------------------------------------------------------------------------------- data
 @command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k (sha256-checked).")
 def _data(p: argparse.ArgumentParser) -> None:

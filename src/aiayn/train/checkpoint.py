@@ -25,7 +25,7 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -305,7 +305,7 @@ def _write_tokenizer(directory: Path, tokenizer_writer: TokenizerWriter) -> None
 
 def _write_all(
     tmp: Path,
-    model: nn.Module,
+    model: nn.Module | Mapping[str, torch.Tensor],
     config: dict,
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any | None,
@@ -317,7 +317,7 @@ def _write_all(
     except (TypeError, ValueError) as e:
         raise AiaynError(f"checkpoint config is not JSON-serializable ({e}); pass plain values") from e
     (tmp / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
-    tensors, aliases = _dedupe(model.state_dict())
+    tensors, aliases = _dedupe(dict(model) if isinstance(model, Mapping) else model.state_dict())
     tensors = {k: v.contiguous() for k, v in tensors.items()}  # e.g. column-major inference weights
     save_file(tensors, str(tmp / MODEL_FILE), metadata={ALIASES_KEY: json.dumps(aliases)})
     if tokenizer_writer is not None:
@@ -344,7 +344,7 @@ def _write_all(
 
 def save_checkpoint(
     path: str | os.PathLike,
-    model: nn.Module,
+    model: nn.Module | Mapping[str, torch.Tensor],
     config: dict,
     *,
     optimizer: torch.optim.Optimizer | None = None,
@@ -359,7 +359,7 @@ def save_checkpoint(
 
     Args:
         path: the checkpoint directory to create or replace.
-        model: the model; its state dict goes to ``model.safetensors``.
+        model: the model, or a state dict; the state dict goes to ``model.safetensors``.
         config: JSON-serializable dict for ``config.json``.
         optimizer: optimizer whose ``state_dict()`` is saved.
         scheduler: anything with ``state_dict()`` (e.g. ``LambdaLR``).
@@ -452,6 +452,51 @@ def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict[str, torch.T
     for dropped, kept in ref_aliases.items():
         out[dropped] = out[kept]
     return out
+
+
+def periodic_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The periodic ``step-N`` checkpoints of a training run, oldest first (by N, not by name).
+
+    Args:
+        run_dir: a run's ``train.out_dir``.
+
+    Returns:
+        The ``step-N`` directories; temporary and ``.old`` siblings are never listed.
+    """
+    steps = [p for p in Path(run_dir).glob("step-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    return sorted(steps, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+def write_average(paths: Iterable[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """Average checkpoints (:func:`average_checkpoints`) into a new checkpoint directory ``out``.
+
+    ``config.json`` and the tokenizer files come from the last checkpoint; no training state is written,
+    so the result is for decoding and evaluation, not for ``--resume``.
+
+    Args:
+        paths: checkpoint directories of one model (at least one).
+        out: the directory to write (atomically; an existing checkpoint there is replaced).
+
+    Returns:
+        The written directory.
+
+    Raises:
+        AiaynError: the checkpoints differ in config or tensors, or ``out`` is one of them.
+    """
+    dirs = [_resolve(p) for p in paths]
+    if not dirs:
+        raise AiaynError("average: no checkpoints given")
+    target = Path(out)
+    if any(target.resolve() == d.resolve() for d in dirs):
+        raise AiaynError(f"{target}: is one of the checkpoints being averaged; write the average elsewhere")
+    config = load_config(dirs[-1])
+    for d in dirs[:-1]:
+        if load_config(d).get("model") != config.get("model"):
+            raise AiaynError(f"{d}: its model config differs from {dirs[-1]}; average checkpoints of one model")
+    state = average_checkpoints(dirs)
+    own = (CONFIG_FILE, MODEL_FILE, STATE_FILE)
+    tokenizer_files = [f for f in sorted(dirs[-1].iterdir()) if f.is_file() and f.name not in own]
+    return save_checkpoint(target, state, config, tokenizer_writer=tokenizer_files)
 
 
 def _natural_key(name: str) -> list:

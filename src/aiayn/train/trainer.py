@@ -33,6 +33,7 @@ from aiayn.train.checkpoint import (
     keep_last,
     load_model_state,
     load_training_state,
+    periodic_checkpoints,
     restore_rng,
     save_checkpoint,
 )
@@ -236,8 +237,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         best = _evaluate_and_keep(task, step, best, log, out, save)
     save(out / "last", with_state=True)
     if cfg.average_last and cfg.save_every:
-        steps = [p for p in out.glob("step-*") if p.name.split("-")[1].isdigit()]
-        dirs = sorted(steps, key=lambda p: int(p.name.split("-")[1]))[-cfg.average_last:]
+        dirs = periodic_checkpoints(out)[-cfg.average_last:]
         if len(dirs) >= 2:
             model.load_state_dict(average_checkpoints(dirs))
             save(out / "averaged", with_state=False)
