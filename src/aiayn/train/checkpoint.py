@@ -139,7 +139,7 @@ def _resolve(path: str | os.PathLike) -> Path:
 # ------------------------------------------------------------------------------------- state dicts
 
 
-def _dedupe(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _dedupe(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Store each shared tensor once: ``(tensors, aliases)`` with ``aliases[dropped] = kept``."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
@@ -317,7 +317,7 @@ def _write_all(
     except (TypeError, ValueError) as e:
         raise AiaynError(f"checkpoint config is not JSON-serializable ({e}); pass plain values") from e
     (tmp / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
-    tensors, aliases = _dedupe(dict(model) if isinstance(model, Mapping) else model.state_dict())
+    tensors, aliases = _dedupe(model if isinstance(model, Mapping) else model.state_dict())
     tensors = {k: v.contiguous() for k, v in tensors.items()}  # e.g. column-major inference weights
     save_file(tensors, str(tmp / MODEL_FILE), metadata={ALIASES_KEY: json.dumps(aliases)})
     if tokenizer_writer is not None:

@@ -29,13 +29,14 @@ from tqdm import tqdm
 
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import (
-    average_checkpoints,
     keep_last,
     load_model_state,
     load_training_state,
     periodic_checkpoints,
+    read_state_dict,
     restore_rng,
     save_checkpoint,
+    write_average,
 )
 from aiayn.train.metrics_log import MetricsLogger, read_metrics
 from aiayn.train.optim import build_optimizer
@@ -239,8 +240,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     if cfg.average_last and cfg.save_every:
         dirs = periodic_checkpoints(out)[-cfg.average_last:]
         if len(dirs) >= 2:
-            model.load_state_dict(average_checkpoints(dirs))
-            save(out / "averaged", with_state=False)
+            model.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
             metrics = task.evaluate()
             log.log({"step": step, "averaged_of": len(dirs), **{f"avg_{k}": v for k, v in metrics.items()}})
     log.close()
