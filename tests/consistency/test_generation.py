@@ -128,12 +128,14 @@ def reference_beam_search(model: EncoderDecoderModel, src: torch.Tensor, k: int,
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_batched_beam_search_matches_plain_reference(alpha: float) -> None:
+@pytest.mark.parametrize("vocab", [12, 3000])
+def test_batched_beam_search_matches_plain_reference(alpha: float, vocab: int) -> None:
     """Batched beam search (cache reordering, finished pools, sentences leaving the batch) follows the
-    plain per-sentence reference exactly, including when it stops early."""
-    model = seq2seq()
+    plain per-sentence reference exactly, including when it stops early. Vocabulary 3000 takes the blocked
+    top-k path (:mod:`aiayn.generate.topk`), with a partial last block."""
+    model = seq2seq(vocab=vocab)
     lengths = [7, 3, 5, 6, 2, 4]
-    src = sources(12, lengths)
+    src = sources(vocab, lengths)
     got = translate(model, src, beam_size=3, alpha=alpha, n_best=3, max_len_a=0.5, max_len_b=4)
     for i, n in enumerate(lengths):
         want = reference_beam_search(model, src[i:i + 1, :n], 3, alpha, int(0.5 * n + 4))

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from aiayn.generate.common import Hypothesis, length_penalty
 from aiayn.generate.steppers import Stepper
+from aiayn.generate.topk import row_top
 
 
 def beam_search(
@@ -131,17 +132,21 @@ def _row_top(logits: Tensor, n: int, banned_ids: Sequence[int]) -> tuple[Tensor,
     and the log normalizer (N, 1).
 
     Log-probabilities are normalized over the whole vocabulary (banned ids included, as
-    :func:`~aiayn.generate.common.next_log_probs`), then banned ids are excluded; a log-sum-exp and a per-row
-    top-k replace a full (N, V) log-softmax and a top-k over every beam's whole vocabulary.
+    :func:`~aiayn.generate.common.next_log_probs`), then banned ids are excluded; one blocked top-k and
+    log-sum-exp (:func:`~aiayn.generate.topk.row_top`) replace a full (N, V) log-softmax and a top-k over
+    every beam's whole vocabulary.
 
     Args:
         logits: (N, V); overwritten at the banned ids when float32.
     """
     z = logits.float()
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (N, 1)
-    if banned_ids:
-        z[:, list(banned_ids)] = float("-inf")
-    top_z, top_tok = z.topk(min(n, z.shape[-1]), dim=-1)
+    banned = list(banned_ids)
+    if banned:
+        banned_lse = torch.logsumexp(z[:, banned], dim=-1, keepdim=True)  # (N, 1), before they are masked
+        z[:, banned] = float("-inf")
+    top_z, top_tok, lse = row_top(z, min(n, z.shape[-1]))
+    if banned:
+        lse = torch.logaddexp(lse, banned_lse)
     return top_z - lse, top_tok, lse
 
 
