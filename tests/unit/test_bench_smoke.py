@@ -185,3 +185,17 @@ def test_cpu_train_kernels_bench_runs() -> None:
     out = cpu_train_kernels.bench_kernels(quick=True, runs=1)
     (row,) = out["rows"]
     assert row["dropout_speedup"] > 0 and row["loss_512_rows_ms"] > 0 and row["loss_one_chunk_ms"] > 0
+
+
+def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
+    import beam_row_top
+    from translate_beam import Seq2SeqSize
+
+    import aiayn.generate.beam as beam_module
+    from aiayn.generate.topk import row_top
+
+    tiny = Seq2SeqSize("tiny", 32, 64, 2, 1, 3000)  # vocab 3000: the blocked top-k path
+    out = beam_row_top.bench_row_top([tiny], (2,), runs=1)
+    (row,) = out["rows"]
+    assert row["same_output"] and row["decode_speedup"] > 0 and row["kernel_speedup"] > 0
+    assert beam_module.row_top is row_top
