@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
     names = ["multi30k"] if args.quick else list(SIZES)
-    payload = bench_row_top([SIZES[n] for n in names], (32,) if args.quick else (1, 32), runs=args.runs or (2 if args.quick else 5))
+    batches = (32,) if args.quick else (1, 32)
+    payload = bench_row_top([SIZES[n] for n in names], batches, runs=args.runs or (2 if args.quick else 5))
     payload["wall_s"] = time.perf_counter() - t0
     benchlib.report("beam_row_top", payload, COLUMNS, args.quick)
     return payload

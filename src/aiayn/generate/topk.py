@@ -8,7 +8,7 @@ makes several more passes. :func:`row_top` finds both from one pass that takes t
 - the k largest entries of a row lie in its k blocks with the largest maxima (a block holding one of them has
   a maximum at least as large as the k-th largest entry, and at most k blocks can hold such a maximum), so
   the exact top-k is a small ``topk`` over those blocks' entries;
-- the row maximum is the largest block maximum, which shifts the one exp-and-sum pass of the log-sum-exp.
+- the row maximum is the first of those k, which shifts the one exp-and-sum pass of the log-sum-exp.
 
 :func:`row_top_reference` is the plain torch version; tests hold the two equal.
 """
@@ -50,10 +50,9 @@ def row_top(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor, Tensor]
         return row_top_reference(x, k)
     body = n_blocks * block
     block_max = x[:, :body].reshape(n, n_blocks, block).amax(dim=-1)  # (N, n_blocks)
-    tail = x[:, body:]  # (N, V - body), fewer than `block` columns, always searched
     top_blocks = block_max.topk(k, dim=-1).indices  # (N, k)
     cols = (top_blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(n, k * block)
-    if tail.shape[1]:
+    if body < v:  # the partial last block (fewer than `block` columns) is always searched
         cols = torch.cat([cols, torch.arange(body, v, device=x.device).expand(n, -1)], dim=1)
     values, pick = x.gather(1, cols).topk(k, dim=-1)  # (N, k)
     ids = cols.gather(1, pick)
