@@ -1,8 +1,11 @@
-"""Decoding: beam search vs brute force, beam 1 == greedy, batched == one by one, sampling, filters."""
+"""Decoding: beam search vs brute force, beam 1 == greedy, batched == one by one, ensembles vs a plain mean of
+the models, sampling, filters."""
 
 from __future__ import annotations
 
 import itertools
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -39,9 +42,10 @@ def peaky(model: nn.Module, scale: float, eos_bias: float) -> nn.Module:
     return model.eval()
 
 
-def seq2seq(vocab: int = 12, scale: float = 3.0, eos_bias: float = 3.0, **kw: object) -> EncoderDecoderModel:
+def seq2seq(vocab: int = 12, scale: float = 3.0, eos_bias: float = 3.0, seed: int = 0,
+            **kw: object) -> EncoderDecoderModel:
     """A tiny, peaky encoder-decoder model (see :func:`peaky`)."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = ModelConfig.preset("tiny", vocab_size=vocab, tie_embeddings=False, **kw)
     return peaky(build_model(cfg), scale, eos_bias)
 
@@ -181,6 +185,75 @@ def test_batched_translation_equals_one_by_one(beam_size: int) -> None:
         assert [h.tokens for h in batched[i]] == [h.tokens for h in alone]
         assert [h.score for h in batched[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
         assert greedy_batched[i].tokens == greedy_translate(model, src[i:i + 1, :n], max_len_b=8)[0].tokens
+
+
+# ---------------------------------------------------------------------------------------------- ensembles
+class MeanOfModels(nn.Module):
+    """Reference ensemble: full uncached forward passes of every member; log of the mean probability."""
+
+    def __init__(self, models: list[EncoderDecoderModel]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(models)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> SimpleNamespace:
+        logp = torch.stack([m(src, tgt).logits.float().log_softmax(-1) for m in self.members])  # (M, N, T, V)
+        return SimpleNamespace(logits=logp.logsumexp(0) - math.log(len(self.members)))
+
+
+def two_models(vocab: int = 12) -> list[EncoderDecoderModel]:
+    """Two different members (other seed, other positions), as ensembles of independent trainings are."""
+    return [seq2seq(vocab=vocab, eos_bias=0.0), seq2seq(vocab=vocab, seed=1, position="rope", eos_bias=0.0)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize("vocab", [12, 3000])
+def test_ensemble_beam_search_matches_plain_reference(alpha: float, vocab: int) -> None:
+    """An ensemble decodes as the plain reference beam search over the mean of the members' probabilities
+    (every member re-run without a cache at every step): cached == uncached and batched == single for the
+    ensemble's stepper, whose rows and caches move together."""
+    models = two_models(vocab)
+    lengths = [7, 3, 5, 6, 2, 4]
+    src = sources(vocab, lengths)
+    got = translate(models, src, beam_size=3, alpha=alpha, n_best=3, max_len_a=0.5, max_len_b=4)
+    reference = MeanOfModels(models).eval()
+    for i, n in enumerate(lengths):
+        want = reference_beam_search(reference, src[i:i + 1, :n], 3, alpha, int(0.5 * n + 4))
+        assert [h.tokens for h in got[i]] == [toks for _, toks in want]
+        assert [h.score for h in got[i]] == pytest.approx([score for score, _ in want], abs=1e-4)
+    n_best = [[h.tokens for h in hyps] for hyps in got]
+    assert len({len(t) for hyps in n_best for t in hyps}) > 2  # hypotheses end at many lengths
+    for member in models:  # the ensemble is neither member
+        alone = translate(member, src, beam_size=3, alpha=alpha, n_best=3, max_len_a=0.5, max_len_b=4)
+        assert [[h.tokens for h in hyps] for hyps in alone] != n_best
+
+
+def test_ensemble_greedy_is_beam_one_and_batches_like_single_sentences() -> None:
+    models = two_models()
+    lengths = [7, 3, 5, 2]
+    src = sources(12, lengths)
+    greedy = greedy_translate(models, src, max_len_b=8)
+    assert [h[0].tokens for h in translate(models, src, beam_size=1, max_len_b=8)] == [g.tokens for g in greedy]
+    for i, n in enumerate(lengths):
+        assert greedy[i].tokens == greedy_translate(models, src[i:i + 1, :n], max_len_b=8)[0].tokens
+
+
+def test_ensemble_of_one_model_or_of_copies_is_that_model() -> None:
+    model = seq2seq()
+    src = sources(12, [7, 3, 5, 6, 2, 4])
+    alone = translate(model, src, beam_size=4, n_best=2, max_len_b=8)
+    for ensemble in ([model], (model, model)):
+        got = translate(ensemble, src, beam_size=4, n_best=2, max_len_b=8)
+        assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in alone]
+        assert [h.score for x in got for h in x] == pytest.approx([h.score for x in alone for h in x], abs=1e-4)
+
+
+def test_ensemble_rejects_mismatched_members() -> None:
+    with pytest.raises(AiaynError, match="target vocabularies"):
+        translate([seq2seq(vocab=12), seq2seq(vocab=13)], torch.tensor([[5, 2]]))
+    with pytest.raises(AiaynError, match="encoder-decoder"):
+        translate([seq2seq(), lm()], torch.tensor([[5, 2]]))
+    with pytest.raises(AiaynError, match="at least one"):
+        greedy_translate([], torch.tensor([[5, 2]]))
 
 
 def test_max_length_per_sentence() -> None:

@@ -107,6 +107,34 @@ def test_train_translate_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pyte
     assert capsys.readouterr().out.count("\n") == 2  # one line per input (a 12-step model may print empty ones)
 
 
+def test_ensemble_translate_and_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--checkpoint`` given twice decodes with an ensemble; members that do not match are named."""
+    run_recipe(_recipe(tmp_path, corpus_dir))
+    best, step6 = str(tmp_path / "run" / "best"), str(tmp_path / "run" / "step-6")
+    src = tmp_path / "in.txt"
+    src.write_text("the dog sleeps\nthe women see the ball\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", best, "-i", str(src), "--beam", "2"]) == 0
+    alone = capsys.readouterr().out
+    assert main(["translate", "--checkpoint", best, "--checkpoint", best, "-i", str(src), "--beam", "2"]) == 0
+    assert capsys.readouterr().out == alone  # the mean of one distribution twice is that distribution
+    assert main(["evaluate", "--checkpoint", best, "--checkpoint", step6, "--src", str(corpus_dir / "valid.src"),
+                 "--ref", str(corpus_dir / "valid.tgt")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["checkpoints"] == [best, step6] and report["sentences"] == 20
+
+    other = tmp_path / "other"
+    shutil.copytree(best, other)
+    meta = json.loads((other / "config.json").read_text(encoding="utf-8"))
+    tok_file = other / meta["tokenizers"]["tgt"]
+    tok = json.loads(tok_file.read_text(encoding="utf-8"))
+    tok["words"] = tok["words"][::-1]  # the same words, other ids
+    tok_file.write_text(json.dumps(tok), encoding="utf-8")
+    assert main(["translate", "--checkpoint", best, "--checkpoint", str(other), "-i", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert str(other) in err and "tokenizers differ" in err and "Traceback" not in err
+
+
 def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()

@@ -45,13 +45,44 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                    help="CPU inference with int8 linear layers: faster, outputs close to but not equal to fp32")
 
 
-def _load(args: argparse.Namespace):
-    """Load ``--checkpoint`` on ``--device`` (``auto`` means the CPU with ``--int8``), int8-quantized if asked."""
+def _add_ensemble_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint DIR``, repeatable: several checkpoints decode as an ensemble (see :func:`_load_ensemble`)."""
+    p.add_argument("--checkpoint", required=True, action="append",
+                   help="checkpoint directory (e.g. runs/demo/best); give it more than once to decode with an "
+                        "ensemble (the mean of the models' next-token distributions; same tokenizers needed)")
+
+
+def _load(args: argparse.Namespace, directory: str | None = None):
+    """Load ``--checkpoint`` (or ``directory``) on ``--device`` (``auto`` means the CPU with ``--int8``),
+    int8-quantized if asked."""
     from aiayn.pretrained import load_pretrained
     from aiayn.train.trainer import pick_device
 
     device = "cpu" if args.int8 and args.device == "auto" else args.device
-    return load_pretrained(args.checkpoint, pick_device(device), int8=args.int8)
+    return load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8)
+
+
+def _load_ensemble(args: argparse.Namespace) -> list:
+    """Load every ``--checkpoint`` (a list, see :func:`_add_ensemble_checkpoint_arg`) with :func:`_load`.
+
+    Several checkpoints must be of one task, with the same tokenizers and the same lower-casing.
+    """
+    dirs = args.checkpoint
+    loaded = [_load(args, d) for d in dirs]
+    first = loaded[0]
+    for d, pre in zip(dirs[1:], loaded[1:]):
+        if pre.task != first.task:
+            raise AiaynError(f"{d}: a {pre.task!r} checkpoint, but {dirs[0]} is {first.task!r}; "
+                             "an ensemble needs checkpoints of one task")
+        if ({r: t.to_dict() for r, t in pre.tokenizers.items()}
+                != {r: t.to_dict() for r, t in first.tokenizers.items()}):
+            raise AiaynError(f"{d}: its tokenizers differ from those of {dirs[0]}; an ensemble needs models "
+                             "trained with the same tokenizer files (same data and tokenizer settings)")
+        if bool(pre.meta.get("lowercase")) != bool(first.meta.get("lowercase")):
+            raise AiaynError(f"{d}: lowercase={bool(pre.meta.get('lowercase'))} but {dirs[0]} has "
+                             f"lowercase={bool(first.meta.get('lowercase'))}; an ensemble needs models trained "
+                             "alike")
+    return loaded
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -73,7 +104,7 @@ def _train(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- translate
 @command("translate", "Translate sentences (a file or stdin, one per line) with beam search.")
 def _translate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. runs/demo/best)")
+    _add_ensemble_checkpoint_arg(p)
     p.add_argument("--input", "-i", help="source file (plain or .gz); default stdin")
     p.add_argument("--output", "-o", help="output file; default stdout")
     _add_decode_args(p)
@@ -83,14 +114,15 @@ def _translate(p: argparse.ArgumentParser) -> None:
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.translation import translate_texts
 
-        pre = _load(args)
+        loaded = _load_ensemble(args)
+        pre = loaded[0]
         if pre.task != "translation":
-            raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; translate needs a translation model")
+            raise AiaynError(f"{args.checkpoint[0]}: a {pre.task!r} checkpoint; translate needs a translation model")
         dec = pre.meta.get("decode", {})
         lines = _read_input(args.input)
         if pre.meta.get("lowercase"):
             lines = [x.lower() for x in lines]
-        outs = translate_texts(pre.model, pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
+        outs = translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
                                beam=args.beam or dec.get("beam", 4),
                                alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
                                max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
@@ -116,7 +148,7 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 @command("evaluate", "Score a checkpoint on a file: sacreBLEU/chrF (translation; --src/--ref), perplexity and "
                      "bits per character (lm; --data), accuracy/P/R/F1/confusion matrix (classification; --data).")
 def _evaluate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_ensemble_checkpoint_arg(p)
     p.add_argument("--src", help="source file (translation)")
     p.add_argument("--ref", help="reference file (translation)")
     p.add_argument("--data", help="text file or folder (lm), or label<TAB>text TSV/CSV (classification)")
@@ -127,11 +159,15 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        pre = _load(args)
+        loaded = _load_ensemble(args)
+        pre = loaded[0]
         if pre.task == "translation":
-            return _evaluate_translation(pre, args)
+            return _evaluate_translation(loaded, args)
         if pre.task not in ("lm", "classification"):
-            raise AiaynError(f"{args.checkpoint}: evaluation of {pre.task!r} checkpoints is not supported")
+            raise AiaynError(f"{args.checkpoint[0]}: evaluation of {pre.task!r} checkpoints is not supported")
+        if len(loaded) > 1:
+            raise AiaynError(f"ensembles are evaluated for translation only; give one --checkpoint for a {pre.task} "
+                             "model")
         if not args.data:
             raise AiaynError(f"evaluating a {pre.task} checkpoint needs --data FILE")
         import json
@@ -149,7 +185,7 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-def _evaluate_translation(pre, args: argparse.Namespace) -> int:
+def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
     import json
 
     from aiayn.data.text_io import read_lines
@@ -161,10 +197,11 @@ def _evaluate_translation(pre, args: argparse.Namespace) -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
+    pre = loaded[0]
     if pre.meta.get("lowercase"):
         src = [x.lower() for x in src]
     dec = pre.meta.get("decode", {})
-    hyps = translate_texts(pre.model, pre.tokenizers["src"], pre.tokenizers["tgt"], src,
+    hyps = translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], src,
                            beam=args.beam or dec.get("beam", 4),
                            alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
                            max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
@@ -174,7 +211,8 @@ def _evaluate_translation(pre, args: argparse.Namespace) -> int:
     bleu, tok_bleu, chrf = corpus_bleu(hyps, ref), tokenized_lowercase_bleu(hyps, ref), corpus_chrf(hyps, ref)
     result = {"sacrebleu": round(bleu.score, 2), "sacrebleu_signature": bleu.signature,
               "tokenized_lowercase_bleu": round(tok_bleu.score, 2), "tokenized_signature": tok_bleu.signature,
-              "chrf": round(chrf.score, 2), "chrf_signature": chrf.signature, "sentences": len(src)}
+              "chrf": round(chrf.score, 2), "chrf_signature": chrf.signature, "sentences": len(src),
+              "checkpoints": [str(c) for c in args.checkpoint]}
     print(json.dumps(result, indent=2))
     return 0
 

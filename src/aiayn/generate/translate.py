@@ -6,30 +6,57 @@ maximum output length during inference to input length + 50, but terminate early
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+
 import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
 from aiayn.generate.beam import beam_search
 from aiayn.generate.common import Hypothesis, length_penalty
+from aiayn.generate.ensemble import EnsembleStepper
 from aiayn.generate.sampling import decode_loop, greedy_choice
-from aiayn.generate.steppers import Seq2SeqStepper, eval_mode
+from aiayn.generate.steppers import Seq2SeqStepper, Stepper, eval_mode
 from aiayn.models.seq2seq import EncoderDecoderModel
 
-
-def _check_model(model: object) -> EncoderDecoderModel:
-    if not isinstance(model, EncoderDecoderModel):
-        raise AiaynError(f"translation needs an encoder-decoder model, got {type(model).__name__}; "
-                         "use aiayn.generate.generate() for decoder-only models")
-    return model
+Models = EncoderDecoderModel | Sequence[EncoderDecoderModel]
 
 
-def max_output_lengths(model: EncoderDecoderModel, src: Tensor, max_len_a: float, max_len_b: int,
+def _check_models(model: object) -> list[EncoderDecoderModel]:
+    """One model or a sequence of them (an ensemble) -> a non-empty list of encoder-decoder models."""
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not models:
+        raise AiaynError("translation needs at least one model")
+    for m in models:
+        if not isinstance(m, EncoderDecoderModel):
+            raise AiaynError(f"translation needs an encoder-decoder model, got {type(m).__name__}; "
+                             "use aiayn.generate.generate() for decoder-only models")
+    vocab = {m.config.target_vocab_size for m in models}
+    if len(vocab) > 1:
+        raise AiaynError(f"ensemble members have different target vocabularies {sorted(vocab)}; "
+                         "ensemble only models trained with the same tokenizer")
+    return models
+
+
+@contextmanager
+def _decoding(models: list[EncoderDecoderModel], src: Tensor, budget: Tensor, bos_id: int,
+              pad_id: int) -> Iterator[Stepper]:
+    """Every model in eval mode under inference mode, and one stepper over all of them (B, S) -> (B, V)."""
+    with ExitStack() as stack:
+        for m in models:
+            stack.enter_context(eval_mode(m))
+        steppers = [Seq2SeqStepper(m, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
+                                   src_is_token=src != pad_id) for m in models]
+        yield steppers[0] if len(steppers) == 1 else EnsembleStepper(steppers)
+
+
+def max_output_lengths(model: Models, src: Tensor, max_len_a: float, max_len_b: int,
                        pad_id: int) -> Tensor:
     """Per-sentence output budget ``floor(a * src_len + b)`` tokens (EOS excluded).
 
     Models with absolute positions (sinusoidal, learned) are capped at ``max_len - 1`` tokens, since the
-    decoder input (BOS + tokens) must fit in ``max_len`` positions.
+    decoder input (BOS + tokens) must fit in ``max_len`` positions (for an ensemble, every member's).
 
     Args:
         src: (B, S) right-padded source ids.
@@ -38,13 +65,14 @@ def max_output_lengths(model: EncoderDecoderModel, src: Tensor, max_len_a: float
     """
     src_len = (src != pad_id).sum(1).double()
     budget = torch.floor(max_len_a * src_len + max_len_b).long().clamp(min=0)
-    if model.config.position in ("sinusoidal", "learned"):
-        budget = budget.clamp(max=model.config.max_len - 1)
+    for m in _check_models(model):
+        if m.config.position in ("sinusoidal", "learned"):
+            budget = budget.clamp(max=m.config.max_len - 1)
     return budget
 
 
 def translate(
-    model: EncoderDecoderModel,
+    model: Models,
     src: Tensor,
     *,
     beam_size: int = 4,
@@ -59,7 +87,9 @@ def translate(
     """Beam-search translation of a batch of source sentences (all sentences x beams as one batch).
 
     Args:
-        model: an encoder-decoder model (put in eval mode for the call, then restored).
+        model: an encoder-decoder model (put in eval mode for the call, then restored), or a sequence of them
+            with one target vocabulary: an ensemble, decoding with the mean of their next-token distributions
+            (:class:`~aiayn.generate.ensemble.EnsembleStepper`).
         src: (B, S) long source ids, right-padded with ``pad_id``.
         beam_size: K (the paper: 4). ``beam_size=1`` gives exactly :func:`greedy_translate`.
         alpha: GNMT length penalty ``((5 + |Y|) / 6) ** alpha`` (the paper: 0.6).
@@ -69,23 +99,21 @@ def translate(
     Returns:
         For each sentence, a list of up to ``n_best`` :class:`Hypothesis`, best first.
     """
-    model = _check_model(model)
+    models = _check_models(model)
     if beam_size < 1:
         raise AiaynError(f"beam_size={beam_size} must be >= 1")
     if not 1 <= n_best <= beam_size:
         raise AiaynError(f"n_best={n_best} must be between 1 and beam_size={beam_size}; raise beam_size")
     if src.shape[0] == 0:
         return []
-    budget = max_output_lengths(model, src, max_len_a, max_len_b, pad_id)
-    with eval_mode(model):
-        stepper = Seq2SeqStepper(model, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
-                                 src_is_token=src != pad_id)
+    budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
+    with _decoding(models, src, budget, bos_id, pad_id) as stepper:
         return beam_search(stepper, budget, beam_size=beam_size, alpha=alpha, n_best=n_best, eos_id=eos_id,
                            banned_ids=sorted({pad_id, bos_id}), pad_id=pad_id)
 
 
 def greedy_translate(
-    model: EncoderDecoderModel,
+    model: Models,
     src: Tensor,
     *,
     alpha: float = 0.6,
@@ -98,7 +126,7 @@ def greedy_translate(
     """Greedy translation: the most likely token at every step, until EOS or the length limit.
 
     Args:
-        model: an encoder-decoder model.
+        model: an encoder-decoder model, or a sequence of them (an ensemble, as in :func:`translate`).
         src: (B, S) long source ids, right-padded with ``pad_id``.
         alpha: only for the reported score (``logprob / lp``), so it compares with beam search's.
         max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (then EOS is forced).
@@ -106,13 +134,11 @@ def greedy_translate(
     Returns:
         One :class:`Hypothesis` per sentence.
     """
-    model = _check_model(model)
+    models = _check_models(model)
     if src.shape[0] == 0:
         return []
-    budget = max_output_lengths(model, src, max_len_a, max_len_b, pad_id)
-    with eval_mode(model):
-        stepper = Seq2SeqStepper(model, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
-                                 src_is_token=src != pad_id)
+    budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
+    with _decoding(models, src, budget, bos_id, pad_id) as stepper:
         tokens, lengths, logprob = decode_loop(stepper, greedy_choice, budget, stop_ids=(eos_id,),
                                                force_stop_id=eos_id, banned_ids=sorted({pad_id, bos_id}),
                                                pad_id=pad_id)

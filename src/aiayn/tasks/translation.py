@@ -201,14 +201,17 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
                     n_best: int = 1) -> list[str] | list[list[str]]:
     """Translate sentences with beam search (beam 1 = greedy), in length-sorted batches, order preserved.
 
+    Args:
+        model: an encoder-decoder model, or a list of them sharing ``src_tok`` and ``tgt_tok`` (an ensemble;
+            see :func:`aiayn.generate.translate`).
     Returns:
         One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
     """
     from aiayn.generate import translate
 
-    model.eval()
-    device = next(model.parameters()).device
-    max_src = model.config.max_len
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    device = next(models[0].parameters()).device
+    max_src = min(m.config.max_len for m in models)
     ids = [src_tok.encode(t)[:max_src] for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[Any] = [None] * len(ids)
@@ -218,7 +221,7 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
         src = torch.full((len(chunk), width), src_tok.pad_id, dtype=torch.long)
         for row, i in enumerate(chunk):
             src[row, :len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-        hyps = translate(model, src.to(device), beam_size=beam, alpha=alpha, max_len_a=max_len_a,
+        hyps = translate(models, src.to(device), beam_size=beam, alpha=alpha, max_len_a=max_len_a,
                          max_len_b=max_len_b, n_best=n_best, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id,
                          pad_id=tgt_tok.pad_id)
         for row, i in enumerate(chunk):
