@@ -112,26 +112,32 @@ def _translate(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.tasks.translation import translate_texts
-
         loaded = _load_ensemble(args)
-        pre = loaded[0]
-        if pre.task != "translation":
-            raise AiaynError(f"{args.checkpoint[0]}: a {pre.task!r} checkpoint; translate needs a translation model")
-        dec = pre.meta.get("decode", {})
-        lines = _read_input(args.input)
-        if pre.meta.get("lowercase"):
-            lines = [x.lower() for x in lines]
-        outs = translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
-                               beam=args.beam or dec.get("beam", 4),
-                               alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
-                               max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
-                               batch_size=args.batch_size, n_best=args.n_best)
+        if loaded[0].task != "translation":
+            raise AiaynError(f"{args.checkpoint[0]}: a {loaded[0].task!r} checkpoint; translate needs a translation "
+                             "model")
+        outs = _translate_lines(loaded, args, _read_input(args.input), n_best=args.n_best)
         text = [o if isinstance(o, str) else " ||| ".join(o) for o in outs]
         _write_output(args.output, text)
         return 0
 
     p.set_defaults(run=run)
+
+
+def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n_best: int = 1) -> list:
+    """Translate ``lines`` with the loaded translation checkpoint(s) (several: an ensemble), lower-cased if the
+    models were trained so, with ``--beam``/``--alpha``/``--batch-size`` or the checkpoint's [decode] defaults."""
+    from aiayn.tasks.translation import translate_texts
+
+    pre = loaded[0]
+    if pre.meta.get("lowercase"):
+        lines = [x.lower() for x in lines]
+    dec = pre.meta.get("decode", {})
+    return translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
+                           beam=args.beam or dec.get("beam", 4),
+                           alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
+                           max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
+                           batch_size=args.batch_size, n_best=n_best)
 
 
 def _write_output(path: str | None, lines: list[str]) -> None:
@@ -190,22 +196,13 @@ def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
 
     from aiayn.data.text_io import read_lines
     from aiayn.evaluate.bleu import corpus_bleu, corpus_chrf, tokenized_lowercase_bleu
-    from aiayn.tasks.translation import translate_texts
 
     if not args.src or not args.ref:
         raise AiaynError("translation evaluation needs --src FILE and --ref FILE")
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
-    pre = loaded[0]
-    if pre.meta.get("lowercase"):
-        src = [x.lower() for x in src]
-    dec = pre.meta.get("decode", {})
-    hyps = translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], src,
-                           beam=args.beam or dec.get("beam", 4),
-                           alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
-                           max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
-                           batch_size=args.batch_size)
+    hyps = _translate_lines(loaded, args, src)
     if args.hyp_out:
         _write_output(args.hyp_out, hyps)
     bleu, tok_bleu, chrf = corpus_bleu(hyps, ref), tokenized_lowercase_bleu(hyps, ref), corpus_chrf(hyps, ref)

@@ -23,8 +23,9 @@ from aiayn.models.seq2seq import EncoderDecoderModel
 Models = EncoderDecoderModel | Sequence[EncoderDecoderModel]
 
 
-def _check_models(model: object) -> list[EncoderDecoderModel]:
-    """One model or a sequence of them (an ensemble) -> a non-empty list of encoder-decoder models."""
+def seq2seq_models(model: object) -> list[EncoderDecoderModel]:
+    """One model or a sequence of them (an ensemble) -> a non-empty list of encoder-decoder models with one
+    target vocabulary; anything else is a clear error."""
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     if not models:
         raise AiaynError("translation needs at least one model")
@@ -65,7 +66,7 @@ def max_output_lengths(model: Models, src: Tensor, max_len_a: float, max_len_b: 
     """
     src_len = (src != pad_id).sum(1).double()
     budget = torch.floor(max_len_a * src_len + max_len_b).long().clamp(min=0)
-    for m in _check_models(model):
+    for m in seq2seq_models(model):
         if m.config.position in ("sinusoidal", "learned"):
             budget = budget.clamp(max=m.config.max_len - 1)
     return budget
@@ -99,7 +100,7 @@ def translate(
     Returns:
         For each sentence, a list of up to ``n_best`` :class:`Hypothesis`, best first.
     """
-    models = _check_models(model)
+    models = seq2seq_models(model)
     if beam_size < 1:
         raise AiaynError(f"beam_size={beam_size} must be >= 1")
     if not 1 <= n_best <= beam_size:
@@ -134,7 +135,7 @@ def greedy_translate(
     Returns:
         One :class:`Hypothesis` per sentence.
     """
-    models = _check_models(model)
+    models = seq2seq_models(model)
     if src.shape[0] == 0:
         return []
     budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)

@@ -208,8 +208,9 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
         One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
     """
     from aiayn.generate import translate
+    from aiayn.generate.translate import seq2seq_models
 
-    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    models = seq2seq_models(model)
     device = next(models[0].parameters()).device
     max_src = min(m.config.max_len for m in models)
     ids = [src_tok.encode(t)[:max_src] for t in texts]
