@@ -3,7 +3,6 @@ exact resume, checkpoint averaging, and the errors users hit (mismatched corpora
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +12,6 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.data.download import MULTI30K_SHA256, download_multi30k
-from aiayn.data.synthetic import generate_corpus
 from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
@@ -51,18 +49,6 @@ threads = 1
 [eval]
 bleu_sentences = 8
 """
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("corpus")
-    c = generate_corpus(300, 20, 20, seed=3)
-    (d / "train.src").write_text("\n".join(s for s, _ in c["train"]) + "\n", encoding="utf-8")
-    with gzip.open(d / "train.tgt.gz", "wt", encoding="utf-8") as f:
-        f.write("\n".join(t for _, t in c["train"]) + "\n")
-    (d / "valid.src").write_text("\n".join(s for s, _ in c["valid"]) + "\n", encoding="utf-8")
-    (d / "valid.tgt").write_text("\n".join(t for _, t in c["valid"]) + "\n", encoding="utf-8")
-    return d
 
 
 def _recipe(tmp: Path, corpus: Path, name: str = "r.toml") -> Path:

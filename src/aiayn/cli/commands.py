@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -91,11 +92,22 @@ def _train(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe file, e.g. recipes/multi30k-en-de.toml")
     p.add_argument("overrides", nargs="*", help="overrides such as train.max_steps=200 model.d_model=256")
     p.add_argument("--resume", action="store_true", help="continue the run in train.out_dir from its last/ checkpoint")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel training on N processes of this machine (CPU: the cores are shared out; "
+                        "CUDA: one GPU each); each optimizer step then takes N x train.accum batches, as one "
+                        "process with train.accum multiplied by N would (default 1). Multi-machine runs: torchrun")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.registry import run_recipe
 
-        run_recipe(args.recipe, args.overrides, resume=args.resume)
+        if args.nproc == 1:
+            run_recipe(args.recipe, args.overrides, resume=args.resume)
+            return 0
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
+        from aiayn.train.distributed import launch
+
+        launch(run_recipe, args.nproc, args.recipe, args.overrides, resume=args.resume)
         return 0
 
     p.set_defaults(run=run)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from aiayn.errors import AiaynError
+from aiayn.train.distributed import init_from_env
 from aiayn.train.recipe import load_recipe, take
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
 
@@ -16,9 +19,11 @@ def train_config(recipe: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**take(recipe["train"], known, "train"))
 
 
-def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool):
-    """Instantiate the task a recipe names."""
-    device = pick_device(cfg.device)
+def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool, local_rank: int = 0):
+    """Instantiate the task a recipe names (on GPU ``local_rank`` for a rank of a data-parallel run)."""
+    device = pick_device(cfg.device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     resume_dir = Path(cfg.out_dir) / "last" if resume else None
     if recipe["task"] == "translation":
         from aiayn.tasks.translation import TranslationTask
@@ -40,11 +45,17 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool):
 
 
 def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: bool = False) -> TrainResult:
-    """Load a recipe, build its task and train it; prints where the checkpoints went."""
+    """Load a recipe, build its task and train it; prints where the checkpoints went.
+
+    Under torchrun (or :func:`aiayn.train.distributed.launch`) each rank runs this; rank 0 prints.
+    """
     recipe = load_recipe(path, overrides)
     cfg = train_config(recipe)
-    task = build_task(recipe, cfg, resume)
+    ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
+    task = build_task(recipe, cfg, resume, ranks.local_rank)
     result = train(task, cfg, resume=resume)
+    if not ranks.main:
+        return result
     print(f"trained {result.steps} steps in {result.wall_seconds / 60:.1f} min; "
           f"best {task.select_metric} {result.best_metric}; checkpoints: {result.best_dir}, {result.last_dir}")
     return result

@@ -11,6 +11,10 @@ the trainer does everything else the same way for all of them:
 
 Dividing every micro-batch's summed loss by the token count of the whole accumulated batch makes k
 accumulated batches give exactly the update of one batch of their union, whatever their lengths.
+
+Data-parallel runs (``aiayn train --nproc N`` or torchrun; see :mod:`aiayn.train.distributed`) share the loop:
+each step draws ``accum x N`` micro-batches, each rank computes every N-th, and one all-reduce sums the
+gradients, so N ranks make the updates of one process accumulating ``accum x N`` micro-batches.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tqdm import tqdm
 
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import (
+    capture_rng,
     keep_last,
     load_model_state,
     load_training_state,
@@ -38,6 +43,7 @@ from aiayn.train.checkpoint import (
     save_checkpoint,
     write_average,
 )
+from aiayn.train.distributed import Ranks, broadcast_parameters, check_same_files, sum_gradients
 from aiayn.train.metrics_log import MetricsLogger, read_metrics
 from aiayn.train.optim import build_optimizer
 from aiayn.train.schedules import build_scheduler
@@ -114,11 +120,13 @@ class Task(Protocol):
     select_mode: str  # "min" or "max"
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU. A CUDA device without an index becomes ``cuda:local_rank``, so
+    each rank of a data-parallel run on one machine gets its own GPU."""
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
 
 
 @dataclass
@@ -139,11 +147,16 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     Layout of ``out_dir``: ``last/`` (latest, with training state), ``best/`` (best validation metric),
     ``step-N/`` (periodic, the last ``keep_checkpoints`` kept), ``averaged/`` (mean of the last
     ``average_last`` periodic checkpoints, when set), ``metrics.jsonl`` and ``learning_curve.png``.
+    In a data-parallel run every rank calls this; rank 0 alone writes ``out_dir``.
     """
+    ranks = Ranks.current()
+    model = task.model
+    on_cpu = next(model.parameters()).device.type == "cpu"
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    elif ranks.local_world > 1 and on_cpu:  # share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, torch.get_num_threads() // ranks.local_world))
     out = Path(cfg.out_dir)
-    model = task.model
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                 weight_decay=cfg.weight_decay)
     sched_kw: dict[str, Any] = {"warmup": cfg.warmup}
@@ -159,6 +172,11 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         state = load_training_state(last)
         if state is None:
             raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+        saved_world = state.get("world_size", 1)
+        if saved_world != ranks.world:
+            raise AiaynError(f"{last}: saved by a run on {saved_world} process(es); resume it with --nproc "
+                             f"{saved_world} (this run has {ranks.world}), so the batches per step and the "
+                             "dropout streams continue unchanged")
         load_model_state(last, model)
         optimizer.load_state_dict(state["optimizer"])
         # the schedule's shape comes from this run's config (a resumed run may extend max_steps and so re-plan a
@@ -166,56 +184,70 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         step, position, best = state["step"], state["position"], state["best"]
         elapsed_before = state.get("elapsed", 0.0)
-        restore_rng(state["rng"])
+        restore_rng(state["rng_by_rank"][ranks.rank] if ranks.world > 1 else state["rng"])
     else:
         if (out / "last").exists() or (out / "last.old").exists():
             raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
                              "or choose another train.out_dir")
-        torch.manual_seed(cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    log = MetricsLogger(out / "metrics.jsonl")
+        check_same_files(task.write_tokenizers, ranks, "tokenizers")
+        broadcast_parameters(model)
+        torch.manual_seed(cfg.seed + ranks.rank)  # each rank its own dropout masks; rank 0 as a single process
+    if ranks.main:
+        out.mkdir(parents=True, exist_ok=True)
+    log = MetricsLogger(out / "metrics.jsonl") if ranks.main else None
     config_json = task.checkpoint_config()
+    rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
 
     def save(path: Path, with_state: bool) -> None:
         state = None
         if with_state:
-            state = {"step": step, "position": position, "best": best,
+            state = {"step": step, "position": position, "best": best, "world_size": ranks.world,
                      "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg))}
+            if ranks.world > 1:
+                state["rng_by_rank"] = rng_by_rank
         save_checkpoint(path, model, config_json, optimizer=optimizer if with_state else None,
                         scheduler=scheduler if with_state else None, train_state=state,
                         tokenizer_writer=task.write_tokenizers)
 
+    def out_of_time() -> bool:
+        return cfg.max_minutes is not None and (elapsed_before + time.time() - t0) / 60 >= cfg.max_minutes
+
     t0 = time.time()
     stream = task.batches(position)
-    bar = tqdm(total=cfg.max_steps, initial=step, disable=not cfg.progress, dynamic_ncols=True, unit="step")
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not (cfg.progress and ranks.main), dynamic_ncols=True,
+               unit="step")
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time()}
     model.train()
-    while step < cfg.max_steps:
-        if cfg.max_minutes is not None and (elapsed_before + time.time() - t0) / 60 >= cfg.max_minutes:
-            break
+    stop = cfg.max_minutes is not None and elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
+    while step < cfg.max_steps and not stop:
         micro = []
-        for _ in range(cfg.accum):
+        for _ in range(cfg.accum * ranks.world):
             batch, position = next(stream)
             micro.append(batch)
         optimizer.zero_grad(set_to_none=True)
-        results = []
+        loss_total, nll_total = 0.0, 0.0
         total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
-        for batch in micro:
+        for batch in micro[ranks.rank::ranks.world]:
             with _autocast(cfg.dtype, model):
                 loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
             (loss_sum / max(total_targets, 1)).backward()
-            results.append((float(loss_sum.detach()), extra))
+            loss_total += float(loss_sum.detach())
+            nll_total += extra.get("nll", float(loss_sum.detach()))
+        stop = out_of_time()
+        if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
+            loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
+            stop = late > 0
         grad_norm = None
         if cfg.clip_norm:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm))
         optimizer.step()
         scheduler.step()
         step += 1
-        window["loss"] += sum(r[0] for r in results)
-        window["nll"] += sum(r[1].get("nll", r[0]) for r in results)
+        window["loss"] += loss_total
+        window["nll"] += nll_total
         window["tokens"] += total_targets
         bar.update(1)
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
+        if ranks.main and (step % cfg.log_every == 0 or step == cfg.max_steps):
             now = time.time()
             rec = {"step": step, "train_loss": window["loss"] / max(window["tokens"], 1),
                    "train_nll": window["nll"] / max(window["tokens"], 1),
@@ -225,29 +257,58 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
             window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            best = _evaluate_and_keep(task, step, best, log, out, save)
-            model.train()
-        if cfg.save_every and step % cfg.save_every == 0:
-            save(out / f"step-{step}", with_state=False)
-            keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
-        if step % cfg.eval_every == 0 or (cfg.save_every and step % cfg.save_every == 0):
-            save(out / "last", with_state=True)
+        evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
+        periodic = bool(cfg.save_every) and step % cfg.save_every == 0
+        if (evaluate or periodic) and ranks.world > 1:
+            rng_by_rank = ranks.all_gather(capture_rng())
+        if ranks.main:
+            with _all_cores(ranks, on_cpu):
+                if evaluate:
+                    best = _evaluate_and_keep(task, step, best, log, out, save)
+                    model.train()
+                if periodic:
+                    save(out / f"step-{step}", with_state=False)
+                    keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
+                if evaluate or periodic:
+                    save(out / "last", with_state=True)
+        if evaluate or periodic:
+            ranks.barrier()
     bar.close()
-    if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
-        best = _evaluate_and_keep(task, step, best, log, out, save)
-    save(out / "last", with_state=True)
-    if cfg.average_last and cfg.save_every:
-        dirs = periodic_checkpoints(out)[-cfg.average_last:]
-        if len(dirs) >= 2:
-            model.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
-            metrics = task.evaluate()
-            log.log({"step": step, "averaged_of": len(dirs), **{f"avg_{k}": v for k, v in metrics.items()}})
-    log.close()
-    history = read_metrics(out / "metrics.jsonl")
-    _plot(history, out)
+    if ranks.world > 1:
+        rng_by_rank = ranks.all_gather(capture_rng())
+    if ranks.main:
+        with _all_cores(ranks, on_cpu):
+            if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
+                best = _evaluate_and_keep(task, step, best, log, out, save)
+            save(out / "last", with_state=True)
+            if cfg.average_last and cfg.save_every:
+                dirs = periodic_checkpoints(out)[-cfg.average_last:]
+                if len(dirs) >= 2:
+                    model.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
+                    metrics = task.evaluate()
+                    log.log({"step": step, "averaged_of": len(dirs),
+                             **{f"avg_{k}": v for k, v in metrics.items()}})
+        log.close()
+    ranks.barrier()
+    history = read_metrics(out / "metrics.jsonl") if ranks.main else []
+    if ranks.main:
+        _plot(history, out)
     return TrainResult(step, None if best is None else best["value"], str(out / "best") if best else None,
                        str(out / "last"), elapsed_before + time.time() - t0, history)
+
+
+@contextlib.contextmanager
+def _all_cores(ranks: Ranks, on_cpu: bool):
+    """While rank 0 evaluates or saves alone, let it use the threads of the ranks waiting on its machine."""
+    if ranks.local_world == 1 or not on_cpu:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(before * ranks.local_world)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLogger, out: Path, save) -> dict:
