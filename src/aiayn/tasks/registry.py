@@ -23,6 +23,9 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool, local_ran
     """Instantiate the task a recipe names (on GPU ``local_rank`` for a rank of a data-parallel run)."""
     device = pick_device(cfg.device, local_rank)
     if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():
+            raise AiaynError(f"{device}: this machine has {torch.cuda.device_count()} GPU(s); use at most that many "
+                             "processes (--nproc) or train.device=cpu")
         torch.cuda.set_device(device)
     resume_dir = Path(cfg.out_dir) / "last" if resume else None
     if recipe["task"] == "translation":

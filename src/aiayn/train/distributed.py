@@ -128,7 +128,7 @@ def check_same_files(writer: Callable[[Path], None], ranks: Ranks, what: str) ->
     digests = ranks.all_gather(h.hexdigest())
     if len(set(digests)) > 1:
         raise AiaynError(f"the ranks built different {what} (sha256 {', '.join(d[:12] for d in digests)}); "
-                         "train it once in a single-process run and resume from it, or report this as a bug")
+                         "their training is not deterministic on this machine; train with --nproc 1 and report this as a bug")
 
 
 def init_from_env(device_type: str) -> Ranks:
