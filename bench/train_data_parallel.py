@@ -75,11 +75,11 @@ def main() -> None:
         for r in range(runs):
             for i, (name, cfg) in enumerate(configs.items()):
                 results[name].append(run_once(cfg, steps, log_every, Path(tmp) / f"r{r}c{i}"))
+    base = next(n for n, c in configs.items() if c["nproc"] == 1)
+    ref = benchlib.median([x["tokens_per_s"] for x in results[base]])
     rows = []
     for name, cfg in configs.items():
         tok = benchlib.median([x["tokens_per_s"] for x in results[name]])
-        base = next(n for n, c in configs.items() if c["nproc"] == 1)
-        ref = benchlib.median([x["tokens_per_s"] for x in results[base]])
         rows.append({"configuration": name, "target tokens/s": round(tok), "steps/s": round(benchlib.median(
             [x["steps_per_s"] for x in results[name]]), 3), "tokens/s vs 1 process": round(tok / ref, 3),
             "tokens/step": cfg["per_step"]})

@@ -103,9 +103,9 @@ def sum_gradients(params: Iterable[nn.Parameter], extras: list[float]) -> list[f
     return extra.tolist()
 
 
-def broadcast_parameters(model: nn.Module) -> None:
-    """Copy rank 0's parameters and buffers to every rank (a no-op without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+def broadcast_parameters(model: nn.Module, ranks: Ranks) -> None:
+    """Copy rank 0's parameters and buffers to every rank (a no-op for one process)."""
+    if ranks.world == 1:
         return
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
@@ -128,7 +128,8 @@ def check_same_files(writer: Callable[[Path], None], ranks: Ranks, what: str) ->
     digests = ranks.all_gather(h.hexdigest())
     if len(set(digests)) > 1:
         raise AiaynError(f"the ranks built different {what} (sha256 {', '.join(d[:12] for d in digests)}); "
-                         "their training is not deterministic on this machine; train with --nproc 1 and report this as a bug")
+                         "their training is not deterministic on this machine; train with --nproc 1 and report "
+                         "this as a bug")
 
 
 def init_from_env(device_type: str) -> Ranks:

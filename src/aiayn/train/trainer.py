@@ -190,7 +190,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
                              "or choose another train.out_dir")
         check_same_files(task.write_tokenizers, ranks, "tokenizers")
-        broadcast_parameters(model)
+        broadcast_parameters(model, ranks)
         torch.manual_seed(cfg.seed + ranks.rank)  # each rank its own dropout masks; rank 0 as a single process
     if ranks.main:
         out.mkdir(parents=True, exist_ok=True)
