@@ -33,7 +33,7 @@ QUIET = ["train.eval_every=1000000", "train.save_every=0", "train.average_last=0
 
 
 def configurations(batch: int, cores: int) -> dict[str, dict]:
-    """name -> (ranks, threads per rank, batch_tokens per rank); the tokens per step noted for the ratio."""
+    """name -> {nproc, threads per rank, batch (tokens per rank), per_step (tokens per optimizer step)}."""
     return {
         f"1 process x {cores} threads, {batch} tokens/step": dict(nproc=1, threads=cores, batch=batch, per_step=batch),
         f"{cores} ranks x 1 thread, {batch // cores} each ({batch}/step)": dict(nproc=cores, threads=1,

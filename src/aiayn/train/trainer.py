@@ -198,6 +198,9 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     config_json = task.checkpoint_config()
     rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
 
+    def gather_rng() -> list | None:  # a collective: every rank calls it at the same steps
+        return ranks.all_gather(capture_rng()) if ranks.world > 1 else None
+
     def save(path: Path, with_state: bool) -> None:
         state = None
         if with_state:
@@ -231,8 +234,9 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             with _autocast(cfg.dtype, model):
                 loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
             (loss_sum / max(total_targets, 1)).backward()
-            loss_total += float(loss_sum.detach())
-            nll_total += extra.get("nll", float(loss_sum.detach()))
+            value = float(loss_sum.detach())
+            loss_total += value
+            nll_total += extra.get("nll", value)
         stop = out_of_time()
         if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
             loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
@@ -259,8 +263,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
         evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
         periodic = bool(cfg.save_every) and step % cfg.save_every == 0
-        if (evaluate or periodic) and ranks.world > 1:
-            rng_by_rank = ranks.all_gather(capture_rng())
+        if evaluate or periodic:
+            rng_by_rank = gather_rng()
         if ranks.main:
             with _all_cores(ranks, on_cpu):
                 if evaluate:
@@ -274,8 +278,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         if evaluate or periodic:
             ranks.barrier()
     bar.close()
-    if ranks.world > 1:
-        rng_by_rank = ranks.all_gather(capture_rng())
+    rng_by_rank = gather_rng()
     if ranks.main:
         with _all_cores(ranks, on_cpu):
             if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
