@@ -25,10 +25,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, letting a command's ``key=value`` overrides come after its options too.
+
+    argparse fills a ``nargs="*"`` positional in one go, so in ``aiayn train R.toml --nproc 2 a.b=1`` the
+    ``a.b=1`` after the option would be "unrecognized"; such leftovers join ``args.overrides`` when the command
+    takes overrides. Anything else left over (an unknown option) is the usual argparse error.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse arguments, run the subcommand, turn user errors into a message and exit code 2."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         return int(args.run(args) or 0)
     except AiaynError as e:
