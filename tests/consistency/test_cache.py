@@ -102,7 +102,7 @@ def test_seq2seq_cached_equals_teacher_forced(position: str) -> None:
 
 
 def test_seq2seq_cache_reorder_follows_rows() -> None:
-    """After ``cache.reorder(index)`` the decoder continues as if the batch had been permuted/repeated."""
+    """After ``cache.reorder(index, index)`` the decoder continues as if the batch had been permuted/repeated."""
     model = _model("encoder-decoder", position="sinusoidal", n_kv_heads=2)
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0], [10, 2, 0, 0]])
     tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), torch.randint(3, 64, (3, 4))], 1)
@@ -111,7 +111,33 @@ def test_seq2seq_cache_reorder_follows_rows() -> None:
         memory, src_is_token, _ = model.encode(src)
         cache = model.new_cache(8)
         model.decode(tgt[:, :3], memory, src_is_token, cache=cache)
-        cache.reorder(index)
+        cache.reorder(index, memory_index=index)
         got = model.decode(tgt[index, 3:], None, src_is_token[index], cache=cache).logits
         want = model(src[index], tgt[index]).logits[:, 3:]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_seq2seq_rows_sharing_one_memory_row_decode_as_with_their_own(return_weights: bool) -> None:
+    """Beam layout: runs of g rows share one cached memory row (group g) and decode exactly as if each row
+    had its own copy, for both attention paths (sdpa, and the reference one that returns weights)."""
+    model = _model("encoder-decoder", position="sinusoidal", n_kv_heads=2)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0], [10, 2, 0, 0]])
+    tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), torch.randint(3, 64, (3, 5))], 1)
+    memory_index = torch.tensor([2, 0])  # sentence 1 leaves; 2 and 0 get three rows each
+    rows = torch.tensor([2, 2, 2, 0, 0, 0])
+    tgt_rows = torch.cat([tgt[rows, :3], torch.randint(3, 64, (6, 3))], 1)  # the three rows then diverge
+    with torch.inference_mode():
+        memory, src_is_token, _ = model.encode(src)
+        cache = model.new_cache(8)
+        model.decode(tgt[:, :3], memory, src_is_token, cache=cache)
+        cache.reorder(rows, memory_index=memory_index, group=3)
+        assert cache.cross_attn[0].k.shape[0] == 2  # one copy per sentence, not one per row
+        out = model.decode(tgt_rows[:, 3:], None, src_is_token[memory_index], cache=cache,
+                           return_weights=return_weights)
+        want = model(src[rows], tgt_rows, return_weights=return_weights)
+    torch.testing.assert_close(out.logits, want.logits[:, 3:], atol=ATOL, rtol=0)
+    if return_weights:
+        for w, w_full in zip(out.attentions["cross"], want.attentions["cross"]):
+            assert w.shape == (6, 4, 3, 4)
+            torch.testing.assert_close(w, w_full[:, :, 3:], atol=ATOL, rtol=0)

@@ -43,3 +43,14 @@ def test_ranks_with_different_tokenizers_are_refused() -> None:
 def test_launch_needs_a_process() -> None:
     with pytest.raises(AiaynError, match="--nproc 0"):
         launch(print, 0)
+
+
+def test_one_fixed_gpu_for_several_ranks_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiayn.tasks.registry import run_recipe
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('task = "translation"\n[train]\ndevice = "cuda:0"\n', encoding="utf-8")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(AiaynError, match="train.device=cuda:0 would put all 2 processes"):
+        run_recipe(recipe)  # refused before joining a process group (no GPU needed to test it)

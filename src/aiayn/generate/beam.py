@@ -121,8 +121,9 @@ def beam_search(
                 x.index_select(0, keep) for x in (sent, max_steps, alive_cum, alive_tokens, tok))
             fin_score, fin_logprob, fin_len, fin_tokens = (
                 x.index_select(0, keep) for x in (fin_score, fin_logprob, fin_len, fin_tokens))
-        # rows stay with their sentence unless beams were just expanded (k = 1 -> K) or sentences left
-        stepper.reorder(index, same_sources=k == K and not n_done)
+        # rows stay with their sentence unless beams were just expanded (k = 1 -> K) or sentences left;
+        # either way each sentence's K rows are consecutive
+        stepper.reorder(index, same_sources=k == K and not n_done, group=K)
         logits = stepper.step(tok.reshape(-1))
     return results
 

@@ -56,7 +56,7 @@ class EnsembleStepper:
         """tokens (N,) long -> log mean probabilities (N, V) of the next token."""
         return self._mix([m.step(tokens) for m in self.members])
 
-    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
+    def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) long in every member (see :meth:`Stepper.reorder`)."""
         for m in self.members:
-            m.reorder(index, same_sources=same_sources)
+            m.reorder(index, same_sources=same_sources, group=group)

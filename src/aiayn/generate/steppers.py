@@ -35,11 +35,13 @@ class Stepper(Protocol):
         """tokens (N,) long, one per row -> next-token logits (N, V)."""
         ...
 
-    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
+    def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) long (may repeat rows, e.g. to expand to beams).
 
         ``same_sources=True`` promises that new row i comes from a row of the same input as old row i (beams
-        reordered within their sentence); None means unknown.
+        reordered within their sentence); None means unknown. ``group=g`` promises that the new rows come in
+        runs of g consecutive rows that share one input (a sentence's beams), so an encoder-decoder can keep
+        one copy of each input's projected memory for its g rows.
         """
         ...
 
@@ -60,7 +62,7 @@ class Seq2SeqStepper:
     """Encoder-decoder stepper: encodes the source once; the decoder then runs one token at a time.
 
     The cross-attention keys/values are projected from the memory on the first step and kept in the cache,
-    so later steps need only the source padding flags.
+    so later steps need only the source padding flags; beams share their sentence's copy (see :meth:`reorder`).
 
     Args:
         model: the encoder-decoder model.
@@ -74,9 +76,9 @@ class Seq2SeqStepper:
                  src_is_token: Tensor | None = None) -> None:
         self.model, self.bos_id = model, bos_id
         self.memory: Tensor | None
-        self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (B, S)
+        self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (Bm, S)
         self.cache = model.new_cache(capacity)
-        self.source_row = torch.arange(src.shape[0], device=src.device)  # (N,) source sentence of each row
+        self.group = 1  # consecutive rows per memory row: row i reads memory row i // group
 
     def first(self) -> Tensor:
         """Feed BOS to every sentence: logits (B, V)."""
@@ -91,25 +93,30 @@ class Seq2SeqStepper:
         out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
         return out.logits[:, -1]
 
-    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
-        """Keep rows ``index`` (N',) of the cache and the source padding flags.
+    def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
+        """Keep rows ``index`` (N',) of the cache; the projected memory follows the rows' source sentences.
 
-        Beams reordered within their own sentence share one projected memory, so the cross-attention caches
-        are reordered only when the rows' source sentences change (beam expansion, finished sentences leaving).
-        ``same_sources`` says so when the caller knows (beam search does); None compares the rows' source
-        sentences, which costs a host sync.
+        The cross-attention caches and source padding flags hold one row per source sentence in use (``Bm``),
+        shared by ``group`` consecutive decoder rows. Beams reordered within their own sentence
+        (``same_sources=True``) leave them alone. With ``group=g`` (runs of g rows per source, as beam search
+        promises) each run keeps one memory row: K beams share one copy and fold their queries into one
+        attention block per sentence. Otherwise every row gets its own memory row (group 1); ``same_sources``
+        None first checks whether the sources are unchanged, which costs a host sync.
         """
-        if same_sources is not True:  # rows keeping their sources keep source_row too
-            source_row = self.source_row.index_select(0, index)
-            if same_sources is None:
-                same_sources = (source_row.shape == self.source_row.shape
-                                and bool((source_row == self.source_row).all()))
-            self.source_row = source_row
-        self.cache.reorder(index, cross=not same_sources)
-        if not same_sources:
-            self.src_is_token = self.src_is_token.index_select(0, index)
+        if same_sources is None and group is None:
+            same_sources = (index.shape[0] == self.src_is_token.shape[0] * self.group
+                            and bool((index // self.group == torch.arange(index.shape[0], device=index.device)
+                                      // self.group).all()))
+        if same_sources:
+            self.cache.reorder(index)
+            return
+        group = group or 1
+        memory_index = index[::group] // self.group  # (N'/g,) the memory row of each run of rows
+        self.cache.reorder(index, memory_index, group)
+        self.group = group
+        self.src_is_token = self.src_is_token.index_select(0, memory_index)
         if self.memory is not None:
-            self.memory = self.memory.index_select(0, index)
+            self.memory = self.memory.index_select(0, memory_index)
 
 
 class LMStepper:
@@ -149,7 +156,7 @@ class LMStepper:
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1]
 
-    def reorder(self, index: Tensor, same_sources: bool | None = None) -> None:
-        """Keep rows ``index`` (N',) of the cache and the position counters (``same_sources`` is unused)."""
+    def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
+        """Keep rows ``index`` (N',) of the cache and the position counters (the hints are unused)."""
         self.cache.reorder(index)
         self.next_pos = self.next_pos.index_select(0, index)

@@ -105,6 +105,12 @@ def scaled_dot_product_attention(
     return out, None
 
 
+def _ungroup(x: Tensor, group: int, t: int) -> Tensor:
+    """(B/g, H, g*T, X) -> (B, H, T, X): undo the folding of g rows' queries into one memory row's block."""
+    bm, h, _, d = x.shape
+    return x.view(bm, h, group, t, d).transpose(1, 2).reshape(bm * group, h, t, d)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self- and cross-attention; ``n_kv_heads`` gives MHA, GQA or MQA.
 
@@ -164,11 +170,13 @@ class MultiHeadAttention(nn.Module):
             memory: (B, S, D) key/value source for cross-attention; may be None when ``cache`` already holds
                 the projected memory.
             mask: bool broadcastable to (B, H, T, S), True = may attend. With a self-attention cache, S is the
-                cached length including the T new positions.
+                cached length including the T new positions; with a cross-attention cache whose ``group`` g > 1,
+                broadcastable to (B/g, H, g*T, S), over its memory rows.
             bias: float additive bias broadcastable to (B, H, T, S).
             rotary: (cos, sin) each (B|1, T, Dh) for the positions of ``x``; rotates q and k (self only).
             cache: a :class:`SelfAttnCache` (new k/v appended, attention over all cached keys) or a
-                :class:`CrossAttnCache` (memory projected once, reused at every step).
+                :class:`CrossAttnCache` (memory projected once, reused at every step; its ``group`` consecutive
+                rows of ``x`` share one memory row).
             is_causal: causal masking with queries aligned to the end of the keys.
             return_weights: also return the attention weights (B, H, T, S).
         Returns:
@@ -194,9 +202,15 @@ class MultiHeadAttention(nn.Module):
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if isinstance(cache, SelfAttnCache):
                 k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far
+        group = cache.group if isinstance(cache, CrossAttnCache) else 1
+        if group > 1:  # rows i*g .. i*g+g-1 share memory row i: (B, H, T, Dh) -> (B/g, H, g*T, Dh)
+            q = q.view(b // group, group, hq, t, dh).transpose(1, 2).reshape(b // group, hq, group * t, dh)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
+        if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)
+            out = _ungroup(out, group, t)
+            weights = _ungroup(weights, group, t) if weights is not None else None
         # (B, H, T, Dh) -> (B, T, H*Dh); with T = 1 both orders are the same, so no transpose
         out = out.reshape(b, 1, hq * dh) if t == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
         return self.out_proj(out), weights

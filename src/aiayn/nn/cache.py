@@ -49,17 +49,24 @@ class SelfAttnCache:
 
 
 class CrossAttnCache:
-    """Projected encoder memory (B, Hkv, S, Dh) of one layer, filled on the first decoding step."""
+    """Projected encoder memory (Bm, Hkv, S, Dh) of one layer, filled on the first decoding step.
+
+    ``group`` decoder rows share each memory row: row i attends to memory row ``i // group``. Beam search keeps
+    one copy of each sentence's memory for its K beams (group = K) instead of K copies, and attention folds the
+    K beams' queries into one (Bm, H, K, Dh) block per sentence.
+    """
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self.group = 1
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long."""
+    def reorder(self, index: Tensor, group: int = 1) -> None:
+        """Keep memory rows ``index`` (Bm',) long; ``group`` decoder rows will share each of them."""
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+        self.group = group
 
 
 class DecoderCache:
@@ -71,7 +78,8 @@ class DecoderCache:
         key_mask: (B, length) bool, True at real (non-padding) cached positions.
         key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases).
         padded: whether any cached position is padding (so a key mask is needed).
-        memory_mask: the cross-attention padding mask (B, 1, 1, S) or None, valid while ``memory_mask_ready``.
+        memory_mask: the cross-attention padding mask (Bm, 1, 1, S) of the memory rows, or None; valid while
+            ``memory_mask_ready``.
     """
 
     def __init__(self, n_layers: int, capacity: int, cross: bool = False) -> None:
@@ -101,17 +109,18 @@ class DecoderCache:
             self.key_pos = torch.cat([self.key_pos, positions], dim=1)
         return self.key_mask, self.key_pos
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
-        """Keep batch rows ``index`` (B',) long in every layer (beam search).
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None, group: int = 1) -> None:
+        """Keep decoder rows ``index`` (N',) long in every layer (beam search).
 
-        ``cross=False`` leaves the cross-attention caches alone: right when every row keeps the same source
-        sentence (beams reordered within their sentence), whose projected memory is identical.
+        ``memory_index`` (Bm',) long, when given, keeps those rows of the cross-attention caches, each then
+        shared by ``group`` consecutive decoder rows (see :class:`CrossAttnCache`); None leaves the cross caches
+        alone (rows reordered among those sharing one source sentence, whose projected memory is identical).
         """
         for c in self.self_attn:
             c.reorder(index)
-        if cross:
+        if memory_index is not None:
             for c in self.cross_attn:
-                c.reorder(index)
+                c.reorder(memory_index, group)
             self.memory_mask_ready = False  # the rows' sources changed: recompute from the new padding flags
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)

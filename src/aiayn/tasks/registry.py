@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,10 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
     """
     recipe = load_recipe(path, overrides)
     cfg = train_config(recipe)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if local_world > 1 and cfg.device.startswith("cuda:"):
+        raise AiaynError(f"train.device={cfg.device} would put all {local_world} processes of this machine on one "
+                         "GPU; give train.device=cuda (each process then takes cuda:LOCAL_RANK) or auto")
     ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
     task = build_task(recipe, cfg, resume, ranks.local_rank)
     result = train(task, cfg, resume=resume)
