@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 pytest.importorskip("transformers")
+import ab_revisions  # noqa: E402
 import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
@@ -88,6 +89,17 @@ def test_translate_bench_forces_equal_lengths() -> None:
         assert row["ct2_sent_s"] > 0 and row["ct2_int8_sent_s"] > 0
     else:
         assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
+
+
+def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None:
+    size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
+    a = ab_revisions.time_case(size, batch=2, runs=2, src_len=5, out_len=4)
+    assert len(a["times"]) == 2 and all(t > 0 for t in a["times"])
+    assert a["digest"] == ab_revisions.time_case(size, batch=2, runs=1, src_len=5, out_len=4)["digest"]
+    assert ab_revisions.parse_case("multi30k:32") == (translate_beam.SIZES["multi30k"], 32)
+    with pytest.raises(SystemExit, match="SIZE:BATCH"):
+        ab_revisions.parse_case("multi30k")
+    assert ab_revisions.checkout("WORKTREE", Path("/nonexistent")) == ab_revisions.REPO / "src"
 
 
 def test_eos_mask_blocks_eos_until_the_last_call() -> None:

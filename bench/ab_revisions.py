@@ -1,0 +1,149 @@
+"""aiayn against itself at two git revisions: beam-4 translation speed before and after a change.
+
+A speed change to the library is claimed by timing the code before and after it in one invocation, runs
+alternating (A, B, A, B, ...) so that background load hits both alike. Each revision is checked out into a
+temporary ``git worktree`` (``WORKTREE`` means this checkout as it is, uncommitted edits included); every timed
+run is a fresh subprocess importing that revision's ``aiayn``, decoding the random model and inputs of
+``translate_beam.py`` (beam 4, alpha 0.6, EOS masked so that every decode makes the same number of steps).
+``same_output`` compares the hypotheses of the two revisions.
+
+    .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
+    .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from translate_beam import BOS, EOS, PAD, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CASES = ["multi30k:1", "multi30k:32", "paper-base:32"]
+
+
+def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
+    """Time ``runs`` beam-4 decodes (after one warm-up) with the ``aiayn`` this process imports.
+
+    Returns ``{"times": [s, ...], "digest": sha256 of the hypotheses' tokens}``.
+    """
+    from aiayn.generate import translate
+
+    torch.manual_seed(0)
+    model = aiayn_model(size)
+    g = torch.Generator().manual_seed(batch)
+    src = torch.randint(5, size.vocab_size - 2, (batch, src_len), generator=g)  # no special ids
+    mask = EosMask(model.lm_head, EOS, out_len)
+    out: list[Any] = []
+
+    def run() -> None:
+        mask.reset()
+        out[:] = translate(model, src, beam_size=4, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
+                           bos_id=BOS, eos_id=EOS, pad_id=PAD)
+
+    times = []
+    with mask:
+        run()
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    tokens = [[h.tokens for h in hyps] for hyps in out]
+    return {"times": times, "digest": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]}
+
+
+def parse_case(case: str) -> tuple[Seq2SeqSize, int]:
+    """``"multi30k:32"`` -> (the size, batch 32)."""
+    name, _, batch = case.partition(":")
+    if name not in SIZES or not batch.isdigit():
+        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}")
+    return SIZES[name], int(batch)
+
+
+def checkout(rev: str, tmp: Path) -> Path:
+    """The ``src`` directory holding revision ``rev`` (a temporary worktree; ``WORKTREE``: this checkout)."""
+    if rev == "WORKTREE":
+        return REPO / "src"
+    path = tmp / rev.replace("/", "_").replace("~", "-").replace("^", "-")
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True,
+                   capture_output=True, text=True)
+    return path / "src"
+
+
+def child(src_dir: Path, case: str, runs: int, threads: int) -> dict[str, Any]:
+    """Run :func:`time_case` in a fresh interpreter that imports ``aiayn`` from ``src_dir``."""
+    env = {**os.environ, "PYTHONPATH": str(src_dir)}
+    cmd = [sys.executable, __file__, "--child", case, "--runs", str(runs), "--threads", str(threads)]
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, threads: int) -> dict[str, Any]:
+    """Alternate base/head subprocess runs over ``rounds`` rounds; returns the JSON payload."""
+    for case in cases:
+        parse_case(case)
+    with tempfile.TemporaryDirectory(prefix="aiayn-ab-") as tmp:
+        dirs = {"base": checkout(base, Path(tmp)), "head": checkout(head, Path(tmp))}
+        try:
+            results: dict[str, dict[str, list[dict[str, Any]]]] = {c: {"base": [], "head": []} for c in cases}
+            for _ in range(rounds):
+                for case in cases:
+                    for which in ("base", "head"):
+                        results[case][which].append(child(dirs[which], case, runs, threads))
+        finally:
+            for which, rev in (("base", base), ("head", head)):
+                if rev != "WORKTREE":
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                    str(dirs[which].parent)], capture_output=True)
+    rows = []
+    for case, by in results.items():
+        _, batch = parse_case(case)
+        med = {w: benchlib.median([t for r in by[w] for t in r["times"]]) for w in ("base", "head")}
+        rows.append({"case": case, "base_sent_s": batch / med["base"], "head_sent_s": batch / med["head"],
+                     "speedup": med["base"] / med["head"],
+                     "same_output": len({r["digest"] for w in by for r in by[w]}) == 1,
+                     "times": {w: [t for r in by[w] for t in r["times"]] for w in by}})
+    return {"base": base, "head": head, "rounds": rounds, "runs_per_round": runs, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    """CLI entry point: run, print the table, write ``bench/results/ab_revisions[-TAG].json``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--base", default="HEAD~1", help="git revision before the change (default HEAD~1)")
+    p.add_argument("--head", default="HEAD", help="git revision after it, or WORKTREE (default HEAD)")
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="SIZE:BATCH, SIZE in translate_beam.SIZES")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--runs", type=int, default=3, help="timed decodes per subprocess (default 3)")
+    p.add_argument("--threads", type=int, default=benchlib.THREADS)
+    p.add_argument("--tag", default="", help="results go to bench/results/ab_revisions[-TAG].json")
+    p.add_argument("--child", metavar="CASE", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    benchlib.setup(args.threads)
+    if args.child:
+        print(json.dumps(time_case(*parse_case(args.child), runs=args.runs)))
+        return None
+    t0 = time.perf_counter()
+    payload = bench_ab(args.base, args.head, args.cases, args.rounds, args.runs, args.threads)
+    payload["wall_s"] = time.perf_counter() - t0
+    print(f"beam-4 translation, {args.base} (base) vs {args.head} (head); median of {args.rounds} x {args.runs} "
+          "alternating runs; sentences/s")
+    print(benchlib.table(payload["rows"], ["case", "base_sent_s", "head_sent_s", "speedup", "same_output"]))
+    path = benchlib.write_results("ab_revisions" + (f"-{args.tag}" if args.tag else ""), payload)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
