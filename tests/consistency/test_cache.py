@@ -141,3 +141,27 @@ def test_seq2seq_rows_sharing_one_memory_row_decode_as_with_their_own(return_wei
         for w, w_full in zip(out.attentions["cross"], want.attentions["cross"]):
             assert w.shape == (6, 4, 3, 4)
             torch.testing.assert_close(w, w_full[:, :, 3:], atol=ATOL, rtol=0)
+
+
+def test_seq2seq_stepper_reorder_with_unknown_sources() -> None:
+    """``reorder(index)`` without hints, after beams were grouped: a permutation within each sentence's rows keeps
+    the shared memory, one across sentences gives every row its own; either way the logits follow the rows."""
+    from aiayn.generate.steppers import Seq2SeqStepper
+
+    model = _model("encoder-decoder", position="sinusoidal")
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    with torch.inference_mode():
+        stepper = Seq2SeqStepper(model, src, capacity=8)
+        stepper.first()
+        stepper.reorder(torch.tensor([0, 0, 1, 1]), group=2)  # beam expansion: two rows per sentence
+        first = torch.tensor([10, 11, 12, 13])
+        stepper.step(first)
+        history = [[1, 10], [1, 11], [1, 12], [1, 13]]
+        for index, shared in ((torch.tensor([1, 0, 3, 2]), 2), (torch.tensor([2, 1, 0]), 1)):
+            stepper.reorder(index)
+            assert stepper.group == shared
+            history = [history[i] + [20 + j] for j, i in enumerate(index.tolist())]
+            got = stepper.step(torch.arange(20, 20 + len(history)))
+            rows = [0 if i < 2 else 1 for i in index.tolist()] if shared == 1 else [0, 0, 1, 1]
+            want = model(src[rows], torch.tensor(history)).logits[:, -1]
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
