@@ -110,11 +110,11 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
     rows = []
     for case, by in results.items():
         _, batch = parse_case(case)
-        med = {w: benchlib.median([t for r in by[w] for t in r["times"]]) for w in ("base", "head")}
+        times = {w: [t for r in by[w] for t in r["times"]] for w in ("base", "head")}
+        med = {w: benchlib.median(ts) for w, ts in times.items()}
         rows.append({"case": case, "base_sent_s": batch / med["base"], "head_sent_s": batch / med["head"],
                      "speedup": med["base"] / med["head"],
-                     "same_output": len({r["digest"] for w in by for r in by[w]}) == 1,
-                     "times": {w: [t for r in by[w] for t in r["times"]] for w in by}})
+                     "same_output": len({r["digest"] for w in by for r in by[w]}) == 1, "times": times})
     return {"base": base, "head": head, "rounds": rounds, "runs_per_round": runs, "rows": rows}
 
 

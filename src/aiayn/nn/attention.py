@@ -105,6 +105,12 @@ def scaled_dot_product_attention(
     return out, None
 
 
+def _group(q: Tensor, group: int) -> Tensor:
+    """(B, H, T, Dh) -> (B/g, H, g*T, Dh): fold the queries of g consecutive rows into one memory row's block."""
+    b, h, t, d = q.shape
+    return q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
+
+
 def _ungroup(x: Tensor, group: int, t: int) -> Tensor:
     """(B/g, H, g*T, X) -> (B, H, T, X): undo the folding of g rows' queries into one memory row's block."""
     bm, h, _, d = x.shape
@@ -203,8 +209,8 @@ class MultiHeadAttention(nn.Module):
             if isinstance(cache, SelfAttnCache):
                 k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
-        if group > 1:  # rows i*g .. i*g+g-1 share memory row i: (B, H, T, Dh) -> (B/g, H, g*T, Dh)
-            q = q.view(b // group, group, hq, t, dh).transpose(1, 2).reshape(b // group, hq, group * t, dh)
+        if group > 1:  # rows i*g .. i*g+g-1 share memory row i
+            q = _group(q, group)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
