@@ -18,6 +18,10 @@ batch x beam rows for the same number of steps (:func:`benchlib.matmul_floor`): 
 transformers' time / that floor is the most any fp32 implementation of these matmuls could gain over
 transformers (the encoder, attention and search are not even counted).
 
+Each system runs in its own subprocess (``rounds`` turns of all of them, ``runs`` timed decodes per turn after a
+warm-up): in one process, CTranslate2's threads alive beside torch's slowed aiayn's decode 4x (twelfth session),
+and that process's order of contenders would decide the result.
+
     .venv/bin/python bench/translate_beam.py          # multi30k and paper-base sizes, batch 1 and 32
     .venv/bin/python bench/translate_beam.py --quick
 """
@@ -25,6 +29,9 @@ transformers (the encoder, attention and search are not even counted).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,19 +99,19 @@ def marian_vocab(v: int) -> list[str]:
     return ["</s>", "<unk>", *(f"t{i}" for i in range(2, v - 1)), "<pad>"]
 
 
-def convert_to_ct2(hf_model: Any, workdir: Path) -> dict[str, Any]:
-    """Save ``hf_model`` in ``workdir``, convert it with CTranslate2's converter, load a Translator per type.
+def save_and_convert(hf_model: Any, workdir: Path) -> bool:
+    """Save ``hf_model`` to ``workdir/marian`` and convert it with CTranslate2's converter to ``workdir/ct2``.
 
     The random model has no tokenizer, so the converter is given a minimal stand-in (the vocabulary only).
-    Returns ``{"float32": Translator, "int8": Translator}``, or ``{}`` when ctranslate2 is not installed.
+    Returns False (nothing converted) when ctranslate2 is not installed.
     """
+    hf_dir, ct2_dir = workdir / "marian", workdir / "ct2"
+    hf_model.save_pretrained(hf_dir)
     try:
-        import ctranslate2
         from ctranslate2.converters import TransformersConverter
     except ImportError:
-        return {}
-    v = hf_model.config.vocab_size
-    vocab = {tok: i for i, tok in enumerate(marian_vocab(v))}
+        return False
+    vocab = {tok: i for i, tok in enumerate(marian_vocab(hf_model.config.vocab_size))}
 
     class _VocabOnly:
         eos_token, unk_token, bos_token = "</s>", "<unk>", None
@@ -116,11 +123,18 @@ def convert_to_ct2(hf_model: Any, workdir: Path) -> dict[str, Any]:
         def load_tokenizer(self, *args: Any, **kwargs: Any) -> Any:
             return _VocabOnly()
 
-    hf_dir, ct2_dir = workdir / "marian", workdir / "ct2"
-    hf_model.save_pretrained(hf_dir)
     _Converter(str(hf_dir)).convert(str(ct2_dir), force=True)
-    return {kind: ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=kind, inter_threads=1,
-                                         intra_threads=torch.get_num_threads()) for kind in ("float32", "int8")}
+    return True
+
+
+def convert_to_ct2(hf_model: Any, workdir: Path) -> dict[str, Any]:
+    """:func:`save_and_convert`, then load a CTranslate2 ``Translator`` per compute type in this process.
+
+    Returns ``{"float32": Translator, "int8": Translator}``, or ``{}`` when ctranslate2 is not installed.
+    """
+    if not save_and_convert(hf_model, workdir):
+        return {}
+    return {kind: load_contender(f"ctranslate2-{kind}", None, workdir) for kind in ("float32", "int8")}
 
 
 class EosMask:
@@ -152,54 +166,69 @@ class EosMask:
         self._handle.remove()
 
 
-def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, ct2: dict[str, Any], batch: int,
-             src_len: int, out_len: int, runs: int, warmup: int = 1, beam: int = 4,
-             alpha: float = 0.6) -> dict[str, Any]:
-    """Time the systems on one batch size; returns one result row (sentences/s, ratios, output lengths)."""
+CONTENDERS = ("aiayn", "aiayn-int8", "transformers", "ctranslate2-float32", "ctranslate2-int8", "matmul-floor")
+
+
+def make_runner(name: str, model: Any, size: Seq2SeqSize, batch: int, out_len: int, out: dict[str, Any],
+                beam: int = 4, alpha: float = 0.6, src_len: int = 20) -> Any:
+    """A zero-argument callable: one decode of contender ``name`` on the benchmark's random (batch, src_len) source.
+
+    ``model`` is what the contender runs (an aiayn model, a Marian model, a CTranslate2 ``Translator``, or for
+    ``matmul-floor`` the fp32 aiayn model whose decoder linears are timed). aiayn runs must be called inside
+    their :class:`EosMask`, kept in ``out[name + "-mask"]``. The decode's output goes to ``out[name]``.
+    """
     g = torch.Generator().manual_seed(batch)
     src = torch.randint(5, size.vocab_size - 2, (batch, src_len), generator=g)  # no special ids
-    attn = torch.ones_like(src)
-    ct2_src = [[f"t{i}" for i in row] for row in src.tolist()]
-    out: dict[str, Any] = {}
+    if name.startswith("aiayn"):
+        mask = out[f"{name}-mask"] = EosMask(model.lm_head, EOS, out_len)
 
-    def run_aiayn(name: str, model: nn.Module, mask: EosMask) -> Any:
-        def run() -> None:
+        def run_aiayn() -> None:
             mask.reset()
             out[name] = translate(model, src, beam_size=beam, alpha=alpha, max_len_a=0.0, max_len_b=out_len,
                                   bos_id=BOS, eos_id=EOS, pad_id=PAD)
-        return run
+        return run_aiayn
+    if name == "transformers":
+        attn = torch.ones_like(src)
 
-    def run_hf() -> None:
-        with torch.inference_mode():
-            out["hf"] = hf.generate(src, attention_mask=attn, num_beams=beam, length_penalty=alpha,
-                                    do_sample=False, min_new_tokens=out_len, max_new_tokens=out_len + 1,
-                                    early_stopping=False)
+        def run_hf() -> None:
+            with torch.inference_mode():
+                out[name] = model.generate(src, attention_mask=attn, num_beams=beam, length_penalty=alpha,
+                                           do_sample=False, min_new_tokens=out_len, max_new_tokens=out_len + 1,
+                                           early_stopping=False)
+        return run_hf
+    if name.startswith("ctranslate2"):
+        ct2_src = [[f"t{i}" for i in row] for row in src.tolist()]
 
-    def run_ct2(kind: str) -> Any:
-        def run() -> None:
-            out[f"ctranslate2-{kind}"] = ct2[kind].translate_batch(
-                ct2_src, beam_size=beam, length_penalty=alpha, max_batch_size=0, min_decoding_length=out_len + 1,
-                max_decoding_length=out_len + 1, return_end_token=True)
-        return run
+        def run_ct2() -> None:
+            out[name] = model.translate_batch(ct2_src, beam_size=beam, length_penalty=alpha, max_batch_size=0,
+                                              min_decoding_length=out_len + 1, max_decoding_length=out_len + 1,
+                                              return_end_token=True)
+        return run_ct2
+    if name == "matmul-floor":
+        # the decoder's per-step linears (cross-attention K/V are projected once per sentence) and the output layer
+        return benchlib.matmul_floor(benchlib.step_linears(model.decoder, skip=("kv_proj",))
+                                     + [model.lm_head.proj.weight.detach()], batch * beam, out_len + 1)
+    raise ValueError(f"unknown contender {name!r}; one of {CONTENDERS}")
 
-    masks = [EosMask(ours.lm_head, EOS, out_len), EosMask(ours_int8.lm_head, EOS, out_len)]
-    fns = {"aiayn": run_aiayn("aiayn", ours, masks[0]), "aiayn-int8": run_aiayn("aiayn-int8", ours_int8, masks[1]),
-           "transformers": run_hf}
-    for kind in ct2:
-        fns[f"ctranslate2-{kind}"] = run_ct2(kind)
-    # the decoder's per-step linears (cross-attention K/V are projected once per sentence) and the output layer
-    fns["matmul-floor"] = benchlib.matmul_floor(benchlib.step_linears(ours.decoder, skip=("kv_proj",))
-                                                + [ours.lm_head.proj.weight.detach()], batch * beam, out_len + 1)
-    with masks[0], masks[1]:
-        times = benchlib.alternate(fns, runs=runs, warmup=warmup)
-    lengths = {name: sorted({len(h[0].tokens) + 1 for h in out[name]}) for name in ("aiayn", "aiayn-int8")}
-    lengths["transformers"] = [int(out["hf"].shape[1]) - 1]  # minus the decoder start token
-    for kind in ct2:
-        lengths[f"ctranslate2-{kind}"] = sorted({len(r.hypotheses[0]) for r in out[f"ctranslate2-{kind}"]})
+
+def output_lengths(name: str, output: Any) -> list[int]:
+    """The distinct output lengths (tokens incl. EOS / the forced last step) of one contender's decode."""
+    if name.startswith("aiayn"):
+        return sorted({len(h[0].tokens) + 1 for h in output})
+    if name == "transformers":
+        return [int(output.shape[1]) - 1]  # minus the decoder start token
+    if name.startswith("ctranslate2"):
+        return sorted({len(r.hypotheses[0]) for r in output})
+    return []
+
+
+def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list[float]],
+              lengths: dict[str, list[int]], src_len: int = 20) -> dict[str, Any]:
+    """One result row (sentences/s, ratios, output lengths) from each contender's run times at one batch size."""
     med = {k: benchlib.median(v) for k, v in times.items()}
     nan = float("nan")
     ct2_f32, ct2_i8 = med.get("ctranslate2-float32", nan), med.get("ctranslate2-int8", nan)
-    row: dict[str, Any] = {
+    return {
         "size": size.name, "batch": batch, "src_len": src_len, "steps": out_len + 1,
         "aiayn_sent_s": batch / med["aiayn"], "hf_sent_s": batch / med["transformers"],
         "ratio_vs_hf": med["transformers"] / med["aiayn"],
@@ -211,24 +240,100 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
         "fp32_bound_vs_hf": med["transformers"] / med["matmul-floor"],
         "out_lengths": lengths, "times": times,
     }
-    return row
+
+
+def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, ct2: dict[str, Any], batch: int,
+             src_len: int, out_len: int, runs: int, warmup: int = 1, beam: int = 4,
+             alpha: float = 0.6) -> dict[str, Any]:
+    """Time the systems on one batch size, all in this process; returns one result row.
+
+    In one process the peers' thread pools disturb each other (CTranslate2 alive beside torch slowed aiayn's
+    decode 4x in the twelfth session), so the benchmark itself times each contender in its own process
+    (:func:`time_contender`); this in-process version serves the profiler (``profile_decode.py``).
+    """
+    models = {"aiayn": ours, "aiayn-int8": ours_int8, "transformers": hf, "matmul-floor": ours,
+              **{f"ctranslate2-{kind}": tr for kind, tr in ct2.items()}}
+    out: dict[str, Any] = {}
+    fns = {name: make_runner(name, models[name], size, batch, out_len, out, beam, alpha, src_len)
+           for name in CONTENDERS if name in models}
+    with out["aiayn-mask"], out["aiayn-int8-mask"]:
+        times = benchlib.alternate(fns, runs=runs, warmup=warmup)
+    lengths = {name: output_lengths(name, out[name]) for name in fns if name != "matmul-floor"}
+    return summarize(size, batch, out_len, times, lengths, src_len)
+
+
+def load_contender(name: str, size: Seq2SeqSize | None, workdir: Path) -> Any:
+    """Build contender ``name``'s model in this process: aiayn's from the seed, the peers' from ``workdir``
+    (the Marian model saved and converted by :func:`convert_to_ct2`)."""
+    if name in ("aiayn", "aiayn-int8", "matmul-floor"):
+        assert size is not None
+        torch.manual_seed(0)
+        ours = aiayn_model(size)
+        return quantize_int8(ours) if name == "aiayn-int8" else ours
+    if name == "transformers":
+        from transformers import MarianMTModel
+
+        return MarianMTModel.from_pretrained(workdir / "marian").eval()
+    import ctranslate2
+
+    return ctranslate2.Translator(str(workdir / "ct2"), device="cpu", compute_type=name.split("-")[1],
+                                  inter_threads=1, intra_threads=torch.get_num_threads())
+
+
+def time_contender(name: str, size: Seq2SeqSize, batches: list[int], workdir: Path, runs: int, warmup: int = 1,
+                   src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
+    """Time only contender ``name`` (this process holds no other system): ``runs`` decodes per batch size after
+    ``warmup``. Returns ``{batch: {"times": [s, ...], "lengths": [...]}}`` (batch as a string, for JSON)."""
+    model = load_contender(name, size, workdir)
+    result = {}
+    for batch in batches:
+        out: dict[str, Any] = {}
+        fn = make_runner(name, model, size, batch, out_len, out, src_len=src_len)
+        mask = out.get(f"{name}-mask")
+        with mask if mask is not None else contextlib.nullcontext():
+            times = benchlib.alternate({name: fn}, runs=runs, warmup=warmup)[name]
+        result[str(batch)] = {"times": times, "lengths": output_lengths(name, out.get(name))}
+    return result
+
+
+def child(name: str, size: Seq2SeqSize, batches: list[int], workdir: Path, runs: int, threads: int,
+          warmup: int = 1, src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
+    """Run :func:`time_contender` in a fresh interpreter (so no other system's threads share the process)."""
+    spec = {"size": asdict(size), "batches": batches, "workdir": str(workdir), "runs": runs, "warmup": warmup,
+            "src_len": src_len, "out_len": out_len}
+    cmd = [sys.executable, __file__, "--child", name, "--spec", json.dumps(spec), "--threads", str(threads)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = (1, 32),
-                    src_len: int = 20, out_len: int = 20, runs: int = 5, warmup: int = 1) -> dict[str, Any]:
-    """The whole benchmark over sizes x batch sizes. Returns the JSON payload."""
+                    src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
+                    threads: int = benchlib.THREADS) -> dict[str, Any]:
+    """The whole benchmark over sizes x batch sizes. Each contender runs in its own subprocess, ``rounds`` times in
+    turn (aiayn, its int8, transformers, CTranslate2 fp32 and int8, the matmul floor, then again), ``runs`` timed
+    decodes per batch size each time after one warm-up: ``rounds * runs`` times per median. Returns the JSON payload.
+    """
     sizes = sizes or list(SIZES.values())
     rows = []
     for size in sizes:
         torch.manual_seed(0)
-        ours, hf = aiayn_model(size), marian_model(size)
-        ours_int8 = quantize_int8(ours)
+        aiayn_model(size)  # the Marian weights come after it in the seed's stream, as they always have
+        hf = marian_model(size)
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
-            ct2 = convert_to_ct2(hf, Path(tmp))
-            for b in batches:
-                rows.append(run_case(size, ours, ours_int8, hf, ct2, b, src_len, out_len, runs, warmup))
-            del ct2
-    return {"sizes": [asdict(s) for s in sizes], "runs": runs, "beam": 4, "alpha": 0.6, "rows": rows}
+            has_ct2 = save_and_convert(hf, Path(tmp))
+            names = [n for n in CONTENDERS if has_ct2 or not n.startswith("ctranslate2")]
+            del hf
+            got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            for _ in range(rounds):
+                for name in names:
+                    got[name].append(child(name, size, list(batches), Path(tmp), runs, threads, warmup,
+                                                 src_len, out_len))
+        for b in batches:
+            times = {n: [t for r in got[n] for t in r[str(b)]["times"]] for n in names}
+            lengths = {n: got[n][0][str(b)]["lengths"] for n in names if n != "matmul-floor"}
+            rows.append(summarize(size, b, out_len, times, lengths, src_len))
+    return {"sizes": [asdict(s) for s in sizes], "rounds": rounds, "runs_per_round": runs, "isolated": True,
+            "beam": 4, "alpha": 0.6, "rows": rows}
 
 
 COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct2_sent_s", "ratio_vs_hf",
@@ -236,18 +341,30 @@ COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct
            "floor_ms_per_step", "fp32_bound_vs_hf"]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """CLI entry point: run, print the table, write ``bench/results/translate_beam.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    benchlib.add_common_args(p)  # --quick: multi30k size only, 3 runs
+    benchlib.add_common_args(p, runs=None)  # --quick: multi30k size only, 2 rounds
+    p.add_argument("--runs", type=int, default=None, help="timed decodes per turn after a warm-up (default 2)")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
+    p.add_argument("--rounds", type=int, default=None, help="turns of every contender's subprocess (default 3)")
+    p.add_argument("--child", metavar="CONTENDER", choices=CONTENDERS, help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
+    if args.child:
+        spec = json.loads(args.spec)
+        print(json.dumps(time_contender(args.child, Seq2SeqSize(**spec["size"]), spec["batches"],
+                                        Path(spec["workdir"]), spec["runs"], spec["warmup"], spec["src_len"],
+                                        spec["out_len"])))
+        return None
     t0 = time.perf_counter()
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
-    payload = bench_translate([SIZES[n] for n in names], runs=args.runs or (3 if args.quick else 5))
+    payload = bench_translate([SIZES[n] for n in names], rounds=args.rounds or (2 if args.quick else 3),
+                              runs=args.runs or 2, threads=args.threads)
     payload["wall_s"] = time.perf_counter() - t0
-    print(f"beam-4 translation (alpha 0.6), median of {payload['runs']} alternating runs; sentences/s")
+    print(f"beam-4 translation (alpha 0.6), each system in its own process; median of {payload['rounds']} rounds "
+          f"x {payload['runs_per_round']} runs; sentences/s")
     print(benchlib.table(payload["rows"], COLUMNS))
     for r in payload["rows"]:
         print(f"  {r['size']} batch {r['batch']}: output lengths incl. EOS/last step {r['out_lengths']}")

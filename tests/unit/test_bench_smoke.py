@@ -79,7 +79,7 @@ def test_matmul_floor_covers_each_step_weight_once() -> None:
 
 def test_translate_bench_forces_equal_lengths() -> None:
     size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
-    out = translate_beam.bench_translate([size], batches=(2,), src_len=5, out_len=4, runs=1, warmup=0)
+    out = translate_beam.bench_translate([size], batches=(2,), src_len=5, out_len=4, rounds=1, runs=1, warmup=0)
     (row,) = out["rows"]
     assert row["out_lengths"]["aiayn"] == [5] and row["out_lengths"]["transformers"] == [5]
     assert row["out_lengths"]["aiayn-int8"] == [5] and row["aiayn_int8_sent_s"] > 0
