@@ -86,8 +86,7 @@ def child(src_dir: Path, case: str, runs: int, threads: int) -> dict[str, Any]:
     """Run :func:`time_case` in a fresh interpreter that imports ``aiayn`` from ``src_dir``."""
     env = {**os.environ, "PYTHONPATH": str(src_dir)}
     cmd = [sys.executable, __file__, "--child", case, "--runs", str(runs), "--threads", str(threads)]
-    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return benchlib.run_json_child(cmd, env)
 
 
 def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, threads: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +63,15 @@ def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1)
             fn()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def run_json_child(cmd: list[str], env: dict[str, str] | None = None) -> Any:
+    """Run ``cmd`` (a benchmark's own ``--child`` mode) in a fresh interpreter and parse the JSON it prints last.
+
+    Timing in a child process keeps other systems' thread pools, caches and allocator state out of the timed run.
+    """
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def matmul_floor(weights: Sequence[torch.Tensor], rows: int, steps: int) -> Callable[[], None]:

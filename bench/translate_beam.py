@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -264,7 +263,7 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
 
 def load_contender(name: str, size: Seq2SeqSize | None, workdir: Path) -> Any:
     """Build contender ``name``'s model in this process: aiayn's from the seed, the peers' from ``workdir``
-    (the Marian model saved and converted by :func:`convert_to_ct2`)."""
+    (the Marian model saved and converted by :func:`save_and_convert`)."""
     if name in ("aiayn", "aiayn-int8", "matmul-floor"):
         assert size is not None
         torch.manual_seed(0)
@@ -302,8 +301,7 @@ def child(name: str, size: Seq2SeqSize, batches: list[int], workdir: Path, runs:
     spec = {"size": asdict(size), "batches": batches, "workdir": str(workdir), "runs": runs, "warmup": warmup,
             "src_len": src_len, "out_len": out_len}
     cmd = [sys.executable, __file__, "--child", name, "--spec", json.dumps(spec), "--threads", str(threads)]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return benchlib.run_json_child(cmd)
 
 
 def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = (1, 32),
@@ -327,7 +325,7 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
             for _ in range(rounds):
                 for name in names:
                     got[name].append(child(name, size, list(batches), Path(tmp), runs, threads, warmup,
-                                                 src_len, out_len))
+                                           src_len, out_len))
         for b in batches:
             times = {n: [t for r in got[n] for t in r[str(b)]["times"]] for n in names}
             lengths = {n: got[n][0][str(b)]["lengths"] for n in names if n != "matmul-floor"}
