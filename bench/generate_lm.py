@@ -30,7 +30,7 @@ import benchlib  # noqa: E402
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate  # noqa: E402
 from aiayn.models import DecoderModel  # noqa: E402
-from aiayn.nn.layout import column_major_linears  # noqa: E402
+from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def build_pair(size: LMSize, seed: int = 0) -> tuple[DecoderModel, Any]:
                              dropout=0.0, norm_eps=hf_cfg.layer_norm_epsilon)
     ours = build_model(cfg).eval()
     copy_gpt2_weights(hf, ours)
-    column_major_linears(ours)  # the inference weight layout load_pretrained gives users (aiayn.nn.layout)
+    cpu_inference_layout(ours)  # the inference weight layout load_pretrained gives users (aiayn.nn.layout)
     return ours, hf  # type: ignore[return-value]
 
 

@@ -38,7 +38,7 @@ from translate_beam import EOS, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate, translate  # noqa: E402
-from aiayn.nn.layout import column_major_linears  # noqa: E402
+from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
@@ -96,7 +96,7 @@ def greedy_case(size: LMSize, new_tokens: int) -> tuple[Callable[[], Any], int]:
     cfg = ModelConfig.preset("gpt2-small", n_layers=size.n_layers, d_model=size.d_model,
                              n_heads=size.n_heads, d_ff=4 * size.d_model, vocab_size=size.vocab_size,
                              max_len=size.max_len, dropout=0.0)
-    model = column_major_linears(build_model(cfg).eval())
+    model = cpu_inference_layout(build_model(cfg).eval())
     prompt = torch.randint(5, size.vocab_size - 1, (1, 16)).tolist()
     return (lambda: generate(model, prompt, max_new_tokens=new_tokens, greedy=True, stop_ids=())), new_tokens
 

@@ -46,7 +46,7 @@ import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
-from aiayn.nn.layout import column_major_linears  # noqa: E402
+from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
@@ -75,7 +75,7 @@ def aiayn_model(size: Seq2SeqSize) -> nn.Module:
     with the inference weight layout ``load_pretrained`` gives users (:mod:`aiayn.nn.layout`)."""
     cfg = ModelConfig.preset("paper-base", d_model=size.d_model, d_ff=size.d_ff, n_heads=size.n_heads,
                              n_layers=size.n_layers, vocab_size=size.vocab_size, max_len=512, dropout=0.0)
-    return column_major_linears(build_model(cfg).eval())
+    return cpu_inference_layout(build_model(cfg).eval())
 
 
 def marian_model(size: Seq2SeqSize) -> Any:

@@ -69,7 +69,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
 
         model = quantize_int8(model)
     elif next(model.parameters()).device.type == "cpu":
-        from aiayn.nn.layout import column_major_linears
+        from aiayn.nn.layout import cpu_inference_layout
 
-        column_major_linears(model)  # faster small-batch matmuls when decoding on CPU (same values)
+        cpu_inference_layout(model)  # faster decoding matmuls on CPU (same values up to rounding)
     return Pretrained(model, config, tokenizers, meta)

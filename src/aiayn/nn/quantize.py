@@ -20,11 +20,13 @@ What changes for users, and what the tests check:
 from __future__ import annotations
 
 import warnings
+from copy import deepcopy as copy_module
 
 import torch
 from torch import nn
 
 from aiayn.errors import AiaynError
+from aiayn.nn.packed import unpack_output_layers
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -55,4 +57,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.simplefilter("ignore")
         from torch.ao.quantization import quantize_dynamic
 
-        return quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=False)
+        # a copy whose prepacked fp32 output layers (aiayn.nn.packed) are plain nn.Linear again, so they quantize
+        copy = unpack_output_layers(copy_module(model.eval()))
+        return quantize_dynamic(copy, {nn.Linear}, dtype=torch.qint8, inplace=True)

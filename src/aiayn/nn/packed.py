@@ -1,0 +1,123 @@
+"""oneDNN-prepacked output layers for fp32 decoding on CPU.
+
+The output layer (hidden -> vocabulary logits) is the largest matmul of a decoding step: 512 x 32000 at the
+paper's base size, 768 x 50257 for GPT-2. ``F.linear`` hands it to MKL's sgemm as is, and at the row counts of
+decoding (1 to a few hundred rows) that kernel is slow for so wide an output. oneDNN, which PyTorch ships for
+its own CPU compiler backend (``torch.ops.mkldnn``), can reorder the weight once into the blocked layout its
+kernel reads best. On this project's 2-core AVX2 machine that made the 512 x 32000 layer about 1.3x faster at
+128 rows (32 sentences x 4 beams) and 1.1-1.8x at 1 and 4 rows (docs/BENCHMARKS.md); the decoder's own, much
+smaller, linears gained nothing over the column-major layout of :mod:`aiayn.nn.layout`, so only the output layers
+are packed.
+
+:func:`pack_output_layers` turns the projection of every :class:`~aiayn.models.heads.LMHead` into a
+:class:`PackedLinear`: an ``nn.Linear`` that keeps its weight ``Parameter`` (so ``state_dict``, checkpoint saving
+and the tie to the embedding table are unchanged) plus a packed copy used only where it is valid:
+
+* fp32 input on the CPU with autograd off (``torch.no_grad`` / ``torch.inference_mode``), oneDNN available;
+  everything else (training, CUDA, other dtypes) takes ``F.linear`` on the weight itself;
+* the copy is rebuilt when the weight changes (its storage or in-place version counter moved, as after
+  ``load_state_dict`` or an optimizer step), so it is never stale.
+
+Results equal ``F.linear`` up to float rounding (a different summation order). Memory: one extra fp32 copy of
+each output weight (65 MB at 512 x 32000).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this PyTorch build can prepack linear weights with oneDNN."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` that multiplies by a oneDNN-prepacked copy of its weight at fp32 CPU inference.
+
+    Build it with :meth:`from_linear`; it shares the original's ``weight`` and ``bias`` parameters.
+    """
+
+    _packed: Tensor | None
+    _packed_key: tuple[int, int] | None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
+        """A ``PackedLinear`` sharing ``linear``'s parameters (same ``Parameter`` objects, so ties survive)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        new._packed, new._packed_key = None, None
+        return new
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight behind (it is rebuilt on first use)."""
+        state = super().__getstate__()
+        return {**state, "_packed": None, "_packed_key": None}
+
+    def _usable(self, x: Tensor) -> bool:
+        w = self.weight
+        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == torch.float32
+                and w.dtype == torch.float32 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                and onednn_available())
+
+    def packed_weight(self) -> Tensor:
+        """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._packed is None or self._packed_key != key:
+            with torch.no_grad():
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+            self._packed_key = key
+        return self._packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding."""
+        if not self._usable(x):
+            return F.linear(x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
+
+
+def pack_output_layers(model: nn.Module) -> nn.Module:
+    """Make the projection of every ``LMHead`` of ``model`` a :class:`PackedLinear`, in place; returns ``model``.
+
+    A no-op where oneDNN is unavailable, and idempotent. The packed copies are made lazily, on the first fp32
+    CPU inference call, so calling this on a model that will move to CUDA costs nothing.
+
+    Args:
+        model: any aiayn model (the output heads of all three families hold an ``LMHead``).
+    """
+    from aiayn.models.heads import LMHead  # local: models depend on nn, not the other way round
+
+    if not onednn_available():
+        return model
+    for module in model.modules():
+        if isinstance(module, LMHead) and type(module.proj) is nn.Linear:
+            module.proj = PackedLinear.from_linear(module.proj)
+    return model
+
+
+def unpack_output_layers(model: nn.Module) -> nn.Module:
+    """Undo :func:`pack_output_layers` in place (plain ``nn.Linear`` with the same parameters); returns ``model``.
+
+    For transformations that match modules by exact type, such as int8 dynamic quantization.
+    """
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is PackedLinear:
+                plain = nn.Linear.__new__(nn.Linear)
+                nn.Module.__init__(plain)
+                plain.in_features, plain.out_features = child.in_features, child.out_features
+                plain.weight, plain.bias = child.weight, child.bias
+                plain.train(child.training)
+                setattr(module, name, plain)
+    return model

@@ -1,0 +1,134 @@
+"""Prepacked output layers: same parameters, ties and state_dict; same outputs and decodes; never stale; training,
+other dtypes, copies and int8 quantization still work."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import ModelConfig, build_model
+from aiayn.generate import generate, translate
+from aiayn.models.heads import LMHead
+from aiayn.nn.layout import cpu_inference_layout, is_column_major
+from aiayn.nn.packed import PackedLinear, onednn_available, pack_output_layers, unpack_output_layers
+from aiayn.nn.quantize import quantize_int8
+from aiayn.train.checkpoint import load_model_state, save_checkpoint
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+def _model(arch: str, seed: int = 0, **kw: object) -> nn.Module:
+    torch.manual_seed(seed)
+    kw = {"n_classes": 3, **kw} if arch == "encoder" else kw
+    return build_model(ModelConfig.preset("tiny", arch=arch, vocab_size=300, **kw)).eval()
+
+
+def _logits(model: nn.Module, arch: str, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids, ids[:, :6]).logits if arch == "encoder-decoder" else model(ids).logits
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_packing_keeps_parameters_ties_and_state_dict(arch: str) -> None:
+    model = _model(arch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = [id(p) for p in model.parameters()]
+    cpu_inference_layout(model)
+    assert type(model.lm_head.proj) is PackedLinear
+    assert all(is_column_major(m.weight) for m in model.modules() if isinstance(m, nn.Linear))
+    assert [id(p) for p in model.parameters()] == params
+    embed = model.tgt_embed if arch == "encoder-decoder" else model.embed
+    assert model.lm_head.proj.weight is embed.weight
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    pack_output_layers(model)  # idempotent
+    assert type(model.lm_head.proj) is PackedLinear
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_packed_outputs_match_plain_linear(arch: str) -> None:
+    ref = _model(arch)
+    packed = cpu_inference_layout(copy.deepcopy(ref))
+    ids = torch.randint(3, 300, (3, 9))
+    with torch.inference_mode():
+        a, b = _logits(ref, arch, ids), _logits(packed, arch, ids)
+    assert packed.lm_head.proj._packed is not None  # the packed path really ran
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_an_encoder_mlm_head_is_packed_too() -> None:
+    ref = build_model(ModelConfig.preset("bert-base", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=300,
+                                         max_len=16)).eval()
+    packed = pack_output_layers(copy.deepcopy(ref))
+    assert any(isinstance(m, LMHead) and type(m.proj) is PackedLinear for m in packed.modules())
+    ids = torch.randint(3, 300, (2, 8))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_decoding_matches_plain() -> None:
+    ref = _model("encoder-decoder")
+    packed = cpu_inference_layout(copy.deepcopy(ref))
+    src = torch.randint(4, 300, (3, 7))
+    beams = [translate(m, src, beam_size=3, max_len_b=8) for m in (ref, packed)]
+    assert [[h.tokens for h in s] for s in beams[0]] == [[h.tokens for h in s] for s in beams[1]]
+    lm = _model("decoder")
+    lm_packed = cpu_inference_layout(copy.deepcopy(lm))
+    prompts = [[5, 6, 7], [8, 9]]
+    assert generate(lm, prompts, max_new_tokens=6, greedy=True) == generate(lm_packed, prompts, max_new_tokens=6,
+                                                                             greedy=True)
+
+
+def test_the_packed_copy_follows_weight_changes() -> None:
+    model = pack_output_layers(_model("decoder"))
+    other = _model("decoder", seed=1)
+    ids = torch.randint(3, 300, (2, 7))
+    with torch.inference_mode():
+        model(ids)  # packs the seed-0 weights
+        first = model.lm_head.proj._packed
+    model.load_state_dict(other.state_dict())  # in-place copy_: the version counter moves
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, other(ids).logits, rtol=1e-5, atol=1e-5)
+    assert model.lm_head.proj._packed is not first
+    with torch.no_grad():
+        model.embed.weight.mul_(2.0)  # an in-place change of the tied table
+        other.embed.weight.mul_(2.0)
+        torch.testing.assert_close(model(ids).logits, other(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_training_and_other_dtypes_take_the_plain_path() -> None:
+    ref = _model("decoder").train()
+    model = pack_output_layers(copy.deepcopy(ref)).train()
+    ids = torch.randint(3, 300, (2, 7))
+    torch.manual_seed(3)
+    _logits(ref, "decoder", ids).square().mean().backward()
+    torch.manual_seed(3)
+    _logits(model, "decoder", ids).square().mean().backward()
+    assert model.lm_head.proj._packed is None  # autograd on: never packed
+    torch.testing.assert_close(model.embed.weight.grad, ref.embed.weight.grad)
+    double = pack_output_layers(_model("decoder")).double()
+    with torch.inference_mode():
+        out = double(ids).logits
+    assert out.dtype == torch.float64 and double.lm_head.proj._packed is None
+
+
+def test_copies_saving_and_int8_quantization(tmp_path) -> None:
+    model = cpu_inference_layout(_model("encoder-decoder"))
+    ids = torch.randint(3, 300, (2, 7))
+    with torch.inference_mode():
+        expected = _logits(model, "encoder-decoder", ids)
+    clone = copy.deepcopy(model)
+    assert clone.lm_head.proj._packed is None and clone.lm_head.proj.weight is clone.tgt_embed.weight
+    with torch.inference_mode():
+        torch.testing.assert_close(_logits(clone, "encoder-decoder", ids), expected)
+    save_checkpoint(tmp_path / "ck", model, {})
+    fresh = _model("encoder-decoder", seed=5)
+    load_model_state(tmp_path / "ck", fresh)
+    with torch.inference_mode():
+        torch.testing.assert_close(_logits(fresh, "encoder-decoder", ids), expected, rtol=1e-5, atol=1e-5)
+    int8 = quantize_int8(model)
+    assert not any(isinstance(m, PackedLinear | nn.Linear) for m in int8.modules())  # the output layer too
+    assert type(model.lm_head.proj) is PackedLinear  # the fp32 model is left as it was
+    assert type(unpack_output_layers(model).lm_head.proj) is nn.Linear
