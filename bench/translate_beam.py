@@ -46,7 +46,11 @@ import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
-from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
+
+try:
+    from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
+except ImportError:  # older revisions, timed by ab_revisions.py, had only the column-major layout
+    from aiayn.nn.layout import column_major_linears as cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
