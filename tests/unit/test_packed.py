@@ -132,3 +132,15 @@ def test_copies_saving_and_int8_quantization(tmp_path) -> None:
     assert not any(isinstance(m, PackedLinear | nn.Linear) for m in int8.modules())  # the output layer too
     assert type(model.lm_head.proj) is PackedLinear  # the fp32 model is left as it was
     assert type(unpack_output_layers(model).lm_head.proj) is nn.Linear
+
+
+def test_one_row_takes_the_plain_path_and_more_rows_the_packed_one() -> None:
+    proj = PackedLinear.from_linear(nn.Linear(16, 300))
+    x = torch.randn(3, 16)
+    with torch.inference_mode():
+        one = proj(x[:1])  # a matrix-vector product: F.linear is faster there
+        assert proj._packed is None
+        many = proj(x)
+        assert proj._packed is not None
+    torch.testing.assert_close(one, many[:1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(many, nn.functional.linear(x, proj.weight, proj.bias), rtol=1e-5, atol=1e-5)

@@ -4,17 +4,19 @@ The output layer (hidden -> vocabulary logits) is the largest matmul of a decodi
 paper's base size, 768 x 50257 for GPT-2. ``F.linear`` hands it to MKL's sgemm as is, and at the row counts of
 decoding (1 to a few hundred rows) that kernel is slow for so wide an output. oneDNN, which PyTorch ships for
 its own CPU compiler backend (``torch.ops.mkldnn``), can reorder the weight once into the blocked layout its
-kernel reads best. On this project's 2-core AVX2 machine that made the 512 x 32000 layer about 1.3x faster at
-128 rows (32 sentences x 4 beams) and 1.1-1.8x at 1 and 4 rows (docs/BENCHMARKS.md); the decoder's own, much
-smaller, linears gained nothing over the column-major layout of :mod:`aiayn.nn.layout`, so only the output layers
-are packed.
+kernel reads best. On this project's 2-core AVX2 machine (2 threads) that made the 512 x 32000 layer 1.4x faster
+at 128 rows (32 sentences x 4 beams) and 2x at 4 rows (one sentence's beams), and 384 x 50257 1.2x and 1.8x; but a
+single row (greedy batch-1 generation) is a matrix-vector product, where MKL with the column-major weight of
+:mod:`aiayn.nn.layout` was 1.4-1.5x faster than oneDNN, so one-row calls keep ``F.linear`` (docs/BENCHMARKS.md).
+The decoder's own, smaller linears gained at some shapes and lost at others, so only the output layers are packed.
 
 :func:`pack_output_layers` turns the projection of every :class:`~aiayn.models.heads.LMHead` into a
 :class:`PackedLinear`: an ``nn.Linear`` that keeps its weight ``Parameter`` (so ``state_dict``, checkpoint saving
 and the tie to the embedding table are unchanged) plus a packed copy used only where it is valid:
 
-* fp32 input on the CPU with autograd off (``torch.no_grad`` / ``torch.inference_mode``), oneDNN available;
-  everything else (training, CUDA, other dtypes) takes ``F.linear`` on the weight itself;
+* fp32 input of at least two rows on the CPU with autograd off (``torch.no_grad`` / ``torch.inference_mode``),
+  oneDNN available; everything else (one row, training, CUDA, other dtypes) takes ``F.linear`` on the weight
+  itself;
 * the copy is rebuilt when the weight changes (its storage or in-place version counter moved, as after
   ``load_state_dict`` or an optimizer step), so it is never stale.
 
@@ -29,6 +31,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, faster through F.linear (see the module docstring)
 
 
 @functools.cache
@@ -65,7 +69,8 @@ class PackedLinear(nn.Linear):
 
     def _usable(self, x: Tensor) -> bool:
         w = self.weight
-        return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == torch.float32
+        return (x.numel() >= MIN_PACKED_ROWS * x.shape[-1] and x.device.type == "cpu" and w.device.type == "cpu"
+                and x.dtype == torch.float32
                 and w.dtype == torch.float32 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and onednn_available())
 
