@@ -211,3 +211,13 @@ def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
     (row,) = out["rows"]
     assert row["same_output"] and row["decode_speedup"] > 0 and row["kernel_speedup"] > 0
     assert beam_module.row_top is row_top
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+def test_output_layer_bench_times_every_variant_and_decodes_the_same() -> None:
+    import output_layer
+
+    (kernel,) = output_layer.kernel_rows([("tiny", 32, 3000)], (2,), runs=1)
+    assert kernel["row_major_ms"] > 0 and kernel["column_major_ms"] > 0 and kernel["packed_ms"] > 0
+    (row,) = output_layer.decode_rows((2,), 4, runs=1, size=TINY_LM)
+    assert row["same_output"] and row["speedup"] > 0

@@ -12,8 +12,9 @@ from torch import nn
 from aiayn import ModelConfig, build_model
 from aiayn.generate import generate, translate
 from aiayn.models.heads import LMHead
-from aiayn.nn.layout import cpu_inference_layout, is_column_major
-from aiayn.nn.packed import PackedLinear, onednn_available, pack_output_layers, unpack_output_layers
+from aiayn.nn.layout import column_major_linears, is_column_major
+from aiayn.nn.packed import PackedLinear, onednn_available, unpack_output_layers
+from aiayn.nn.packed import pack_output_layers as pack_wide_only
 from aiayn.nn.quantize import quantize_int8
 from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
@@ -24,6 +25,16 @@ def _model(arch: str, seed: int = 0, **kw: object) -> nn.Module:
     torch.manual_seed(seed)
     kw = {"n_classes": 3, **kw} if arch == "encoder" else kw
     return build_model(ModelConfig.preset("tiny", arch=arch, vocab_size=300, **kw)).eval()
+
+
+def pack_output_layers(model: nn.Module) -> nn.Module:
+    """Pack these tests' narrow models too (by default only layers at least 256 wide are packed)."""
+    return pack_wide_only(model, min_in_features=1)
+
+
+def cpu_inference_layout(model: nn.Module) -> nn.Module:
+    """``aiayn.nn.layout.cpu_inference_layout`` with the narrow output layers of these tests packed too."""
+    return pack_output_layers(column_major_linears(model))
 
 
 def _logits(model: nn.Module, arch: str, ids: torch.Tensor) -> torch.Tensor:
@@ -144,3 +155,13 @@ def test_one_row_takes_the_plain_path_and_more_rows_the_packed_one() -> None:
         assert proj._packed is not None
     torch.testing.assert_close(one, many[:1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(many, nn.functional.linear(x, proj.weight, proj.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_narrow_output_layers_are_left_alone_by_default() -> None:
+    from aiayn.nn.layout import cpu_inference_layout as real_layout
+    from aiayn.nn.packed import MIN_PACKED_IN_FEATURES
+
+    narrow = real_layout(_model("decoder"))
+    assert narrow.lm_head.proj.in_features < MIN_PACKED_IN_FEATURES and type(narrow.lm_head.proj) is nn.Linear
+    wide = real_layout(build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=300, d_model=256)))
+    assert type(wide.lm_head.proj) is PackedLinear

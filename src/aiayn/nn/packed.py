@@ -8,7 +8,9 @@ kernel reads best. On this project's 2-core AVX2 machine (2 threads) that made t
 at 128 rows (32 sentences x 4 beams) and 2x at 4 rows (one sentence's beams), and 384 x 50257 1.2x and 1.8x; but a
 single row (greedy batch-1 generation) is a matrix-vector product, where MKL with the column-major weight of
 :mod:`aiayn.nn.layout` was 1.4-1.5x faster than oneDNN, so one-row calls keep ``F.linear`` (docs/BENCHMARKS.md).
-The decoder's own, smaller linears gained at some shapes and lost at others, so only the output layers are packed.
+Narrow layers gain nothing (128 x 8000, the tiny Multi30k recipe's, was 0.88-0.93x at 4 to 128 rows), so only
+output layers at least ``MIN_PACKED_IN_FEATURES`` wide are packed; and the decoder's own, smaller linears gained
+at some shapes and lost at others, so they are left alone.
 
 :func:`pack_output_layers` turns the projection of every :class:`~aiayn.models.heads.LMHead` into a
 :class:`PackedLinear`: an ``nn.Linear`` that keeps its weight ``Parameter`` (so ``state_dict``, checkpoint saving
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, faster through F.linear (see the module docstring)
+MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see the module docstring)
 
 
 @functools.cache
@@ -92,7 +95,7 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
 
 
-def pack_output_layers(model: nn.Module) -> nn.Module:
+def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FEATURES) -> nn.Module:
     """Make the projection of every ``LMHead`` of ``model`` a :class:`PackedLinear`, in place; returns ``model``.
 
     A no-op where oneDNN is unavailable, and idempotent. The packed copies are made lazily, on the first fp32
@@ -100,13 +103,15 @@ def pack_output_layers(model: nn.Module) -> nn.Module:
 
     Args:
         model: any aiayn model (the output heads of all three families hold an ``LMHead``).
+        min_in_features: leave output layers narrower than this (their hidden width) as they are.
     """
     from aiayn.models.heads import LMHead  # local: models depend on nn, not the other way round
 
     if not onednn_available():
         return model
     for module in model.modules():
-        if isinstance(module, LMHead) and type(module.proj) is nn.Linear:
+        if isinstance(module, LMHead) and type(module.proj) is nn.Linear \
+                and module.proj.in_features >= min_in_features:
             module.proj = PackedLinear.from_linear(module.proj)
     return model
 
