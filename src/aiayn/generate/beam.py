@@ -71,13 +71,11 @@ def beam_search(
 
     for t in range(L):
         ba, k = alive_cum.shape
-        forced_step = t in limit_steps  # only at steps where some sentence reaches its length limit
-        eos_logit = logits[:, eos_id:eos_id + 1].float().clone() if forced_step else None  # (Ba*k, 1)
         row_lp, row_tok, lse = _row_top(logits, 2 * K, banned_ids)  # (Ba*k, c) each, c = min(2K, V)
-        if forced_step:  # those sentences get EOS or nothing
+        if t in limit_steps:  # only at steps where some sentence reaches its length limit: EOS or nothing
             forced = (max_steps == t).repeat_interleave(k)[:, None]  # (Ba*k, 1)
             only_lp = torch.full_like(row_lp, float("-inf"))
-            only_lp[:, :1] = eos_logit - lse  # log p(EOS)
+            only_lp[:, :1] = logits[:, eos_id:eos_id + 1].float() - lse  # log p(EOS)
             row_lp = torch.where(forced, only_lp, row_lp)
             row_tok = torch.where(forced, torch.full_like(row_tok, eos_id), row_tok)
         c = row_lp.shape[1]
@@ -140,14 +138,14 @@ def _row_top(logits: Tensor, n: int, banned_ids: Sequence[int]) -> tuple[Tensor,
     every beam's whole vocabulary.
 
     Args:
-        logits: (N, V); its values are lost when it is float32 (used as scratch space).
+        logits: (N, V); overwritten at the banned ids when float32.
     """
     z = logits.float()
     banned = list(banned_ids)
     if banned:
         banned_lse = torch.logsumexp(z[:, banned], dim=-1, keepdim=True)  # (N, 1), before they are masked
         z[:, banned] = float("-inf")
-    top_z, top_tok, lse = row_top(z, min(n, z.shape[-1]), overwrite=True)
+    top_z, top_tok, lse = row_top(z, min(n, z.shape[-1]))
     if banned:
         lse = torch.logaddexp(lse, banned_lse)
     return top_z - lse, top_tok, lse

@@ -34,15 +34,13 @@ def row_top_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return values, ids, torch.logsumexp(x, dim=-1, keepdim=True)
 
 
-def row_top(x: Tensor, k: int, block: int = 64, overwrite: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def row_top(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor, Tensor]:
     """Same result as :func:`row_top_reference` (ties may pick other ids of equal value), faster for large V.
 
     Args:
         x: (N, V) float, finite or -inf (a row of all -inf gives lse -inf).
         k: 1 <= k <= V.
         block: entries per block.
-        overwrite: ``x`` may be used as scratch space for the log-sum-exp (its values are lost): saves
-            allocating, and on CPU page-faulting, an (N, V) temporary at every beam-search step.
     Returns:
         values (N, k), ids (N, k) long, lse (N, 1).
     """
@@ -61,6 +59,5 @@ def row_top(x: Tensor, k: int, block: int = 64, overwrite: bool = False) -> tupl
 
     row_max = values[:, :1]  # (N, 1): the largest entry is the first of the top k
     shift = torch.where(row_max.isfinite(), row_max, torch.zeros_like(row_max))
-    shifted = x.sub_(shift) if overwrite else x - shift
-    lse = shifted.exp_().sum(dim=-1, keepdim=True).log_().add_(shift)
+    lse = (x - shift).exp_().sum(dim=-1, keepdim=True).log_().add_(shift)
     return values, ids, lse
