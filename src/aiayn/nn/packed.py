@@ -1,13 +1,13 @@
 """oneDNN-prepacked output layers for fp32 decoding on CPU.
 
 The output layer (hidden -> vocabulary logits) is the largest matmul of a decoding step: 512 x 32000 at the
-paper's base size, 768 x 50257 for GPT-2. ``F.linear`` hands it to MKL's sgemm as is, and at the row counts of
-decoding (1 to a few hundred rows) that kernel is slow for so wide an output. oneDNN, which PyTorch ships for
-its own CPU compiler backend (``torch.ops.mkldnn``), can reorder the weight once into the blocked layout its
-kernel reads best. On this project's 2-core AVX2 machine (2 threads) that made the 512 x 32000 layer 1.4x faster
-at 128 rows (32 sentences x 4 beams) and 2x at 4 rows (one sentence's beams), and 384 x 50257 1.2x and 1.8x; but a
-single row (greedy batch-1 generation) is a matrix-vector product, where MKL with the column-major weight of
-:mod:`aiayn.nn.layout` was 1.4-1.5x faster than oneDNN, so one-row calls keep ``F.linear`` (docs/BENCHMARKS.md).
+paper's base size, 768 x 50257 for GPT-2. oneDNN, which PyTorch ships for its own CPU compiler backend
+(``torch.ops.mkldnn``), can reorder such a weight once into the blocked layout its kernel reads best. On this
+project's 2-core AVX2 machine (2 threads, ``bench/output_layer.py``, docs/BENCHMARKS.md) that made the 512 x 32000
+layer 2.1x faster than ``F.linear`` with the column-major weight of :mod:`aiayn.nn.layout` at 4 rows (one
+sentence's beams), 1.8x at 16 and 1.25x at 128 (32 sentences x 4 beams), and 384 x 50257 1.7x at 4 and 16 rows;
+but a single row (greedy batch-1 generation) is a matrix-vector product, where ``F.linear`` was 1.4x faster than
+oneDNN, so one-row calls keep ``F.linear``.
 Narrow layers gain nothing (128 x 8000, the tiny Multi30k recipe's, was 0.88-0.93x at 4 to 128 rows), so only
 output layers at least ``MIN_PACKED_IN_FEATURES`` wide are packed; and the decoder's own, smaller linears gained
 at some shapes and lost at others, so they are left alone.
@@ -29,6 +29,7 @@ each output weight (65 MB at 512 x 32000).
 from __future__ import annotations
 
 import functools
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ from torch import Tensor, nn
 
 MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, faster through F.linear (see the module docstring)
 MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see the module docstring)
+_Linear = TypeVar("_Linear", bound=nn.Linear)
 
 
 @functools.cache
@@ -56,12 +58,7 @@ class PackedLinear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
         """A ``PackedLinear`` sharing ``linear``'s parameters (same ``Parameter`` objects, so ties survive)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight = linear.weight
-        new.bias = linear.bias
-        new.train(linear.training)
+        new = _sharing_parameters(cls, linear)
         new._packed, new._packed_key = None, None
         return new
 
@@ -124,10 +121,15 @@ def unpack_output_layers(model: nn.Module) -> nn.Module:
     for module in model.modules():
         for name, child in list(module.named_children()):
             if type(child) is PackedLinear:
-                plain = nn.Linear.__new__(nn.Linear)
-                nn.Module.__init__(plain)
-                plain.in_features, plain.out_features = child.in_features, child.out_features
-                plain.weight, plain.bias = child.weight, child.bias
-                plain.train(child.training)
-                setattr(module, name, plain)
+                setattr(module, name, _sharing_parameters(nn.Linear, child))
     return model
+
+
+def _sharing_parameters(cls: type[_Linear], linear: nn.Linear) -> _Linear:
+    """A ``cls`` (``nn.Linear`` or a subclass) holding ``linear``'s own weight and bias ``Parameter`` objects."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.in_features, new.out_features = linear.in_features, linear.out_features
+    new.weight, new.bias = linear.weight, linear.bias
+    new.train(linear.training)
+    return new
