@@ -77,10 +77,11 @@ def run_json_child(cmd: list[str], env: dict[str, str] | None = None) -> Any:
 def matmul_floor(weights: Sequence[torch.Tensor], rows: int, steps: int) -> Callable[[], None]:
     """The bare linear layers of ``steps`` decoding steps: one ``F.linear`` per weight per step, nothing else.
 
-    A decoding step of any fp32 implementation that multiplies by these weights as matrices costs at least
-    this (no attention, norms, cache, search or framework overhead; at batch 1 it streams every weight byte
-    once per step). ``t_peer / t_floor`` therefore bounds the speed-up over a peer that is possible without
-    fewer weight bytes (int8) or fewer weights.
+    A decoding step of any fp32 implementation that multiplies by these weights through ``F.linear`` costs at
+    least this (no attention, norms, cache, search or framework overhead; at batch 1 it streams every weight byte
+    once per step). ``t_peer / t_floor`` therefore bounds the speed-up over a peer that is possible without fewer
+    weight bytes (int8), fewer weights, or a faster matmul kernel than ``F.linear``'s (oneDNN's prepacked output
+    layer in :mod:`aiayn.nn.packed` is one).
 
     Args:
         weights: (out, in) matrices used once per step, in the layout the model itself uses.

@@ -32,7 +32,7 @@ import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 
 from aiayn.generate import generate  # noqa: E402
-from aiayn.nn.packed import onednn_available, unpack_output_layers  # noqa: E402
+from aiayn.nn.packed import onednn_available, pack_weight, packed_linear, unpack_output_layers  # noqa: E402
 
 SHAPES = [("paper-base", 512, 32000), ("gpt2-like", 384, 50257), ("multi30k-256", 256, 8000),
           ("multi30k-tiny", 128, 8000)]
@@ -48,7 +48,7 @@ def kernel_rows(shapes: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
     for name, d, v in shapes:
         w = torch.randn(v, d) * d ** -0.5
         col = w.t().contiguous().t()
-        packed = torch.ops.mkldnn._reorder_linear_weight(w)
+        packed = pack_weight(w)
         for n in rows:
             h = torch.randn(n, d)
             reps = max(3, int(1e8 / (2 * n * d * v)))  # about 0.1 GFLOP per timed sample
@@ -62,7 +62,7 @@ def kernel_rows(shapes: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
             times = benchlib.alternate({
                 "row_major": loop(lambda h=h, w=w: F.linear(h, w)),
                 "column_major": loop(lambda h=h, w=col: F.linear(h, w)),
-                "packed": loop(lambda h=h, p=packed: torch.ops.mkldnn._linear_pointwise(h, p, None, "none", [], "")),
+                "packed": loop(lambda h=h, p=packed: packed_linear(h, p)),
             }, runs=runs, warmup=1)
             row: dict[str, Any] = {"layer": name, "d_model": d, "vocab": v, "rows": n}
             row.update({f"{k}_ms": 1e3 * benchlib.median(t) / reps for k, t in times.items()})

@@ -15,8 +15,9 @@ forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out
 
 A last timed entry, ``matmul-floor``, runs only the decoder's per-step linear layers and the output layer on
 batch x beam rows for the same number of steps (:func:`benchlib.matmul_floor`): ``fp32_bound_vs_hf`` =
-transformers' time / that floor is the most any fp32 implementation of these matmuls could gain over
-transformers (the encoder, attention and search are not even counted).
+transformers' time / that floor is the most an fp32 implementation of these matmuls *through F.linear* could gain
+over transformers (the encoder, attention and search are not even counted). aiayn's oneDNN-prepacked output layer
+(:mod:`aiayn.nn.packed`) is faster than ``F.linear``, so at batch 32 its share of the floor is not a bound on aiayn.
 
 Each system runs in its own subprocess (``rounds`` turns of all of them, ``runs`` timed decodes per turn after a
 warm-up): in one process, CTranslate2's threads alive beside torch's slowed aiayn's decode 4x (twelfth session),

@@ -46,6 +46,17 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def pack_weight(weight: Tensor) -> Tensor:
+    """oneDNN's prepacked copy of an (out, in) fp32 linear weight (an opaque mkldnn tensor)."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (..., in) times a :func:`pack_weight` copy (+ bias) -> (..., out); ``F.linear`` up to rounding."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class PackedLinear(nn.Linear):
     """``nn.Linear`` that multiplies by a oneDNN-prepacked copy of its weight at fp32 CPU inference.
 
@@ -79,9 +90,7 @@ class PackedLinear(nn.Linear):
         w = self.weight
         key = (w.data_ptr(), w._version)
         if self._packed is None or self._packed_key != key:
-            with torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-            self._packed_key = key
+            self._packed, self._packed_key = pack_weight(w), key
         return self._packed
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,7 +98,7 @@ class PackedLinear(nn.Linear):
         if not self._usable(x):
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), bias, "none", [], "")
+        return packed_linear(x, self.packed_weight(), bias)
 
 
 def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FEATURES) -> nn.Module:
