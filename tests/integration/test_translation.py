@@ -15,7 +15,9 @@ from aiayn.data.download import MULTI30K_SHA256, download_multi30k
 from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
+from aiayn.tasks.translation import TranslationTask
 from aiayn.train.metrics_log import read_metrics
+from aiayn.train.recipe import load_recipe
 
 RECIPE = """
 task = "translation"
@@ -137,6 +139,40 @@ def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
     wa = load_pretrained(full / "run" / "last").model.state_dict()
     wb = load_pretrained(part / "run" / "last").model.state_dict()
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+BPE_DROPOUT = ["tokenizer.kind=bpe", "tokenizer.vocab_size=120", "tokenizer.dropout=0.1"]
+
+
+def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path: Path, corpus_dir: Path) -> None:
+    common = [*BPE_DROPOUT, "train.eval_every=100", "train.save_every=4", "train.average_last=0"]
+    full = tmp_path / "full"
+    full.mkdir()
+    run_recipe(_recipe(full, corpus_dir), common)
+    part = tmp_path / "part"
+    part.mkdir()
+    recipe = _recipe(part, corpus_dir)
+    run_recipe(recipe, [*common, "train.max_steps=8"])
+    run_recipe(recipe, common, resume=True)
+    a = [r["train_loss"] for r in read_metrics(full / "run" / "metrics.jsonl") if "train_loss" in r]
+    b = [r["train_loss"] for r in read_metrics(part / "run" / "metrics.jsonl") if "train_loss" in r]
+    assert len(a) == len(b) == 12
+    assert a == pytest.approx(b, abs=1e-6)
+
+    task = TranslationTask(load_recipe(recipe, BPE_DROPOUT))
+    (src0, tgt0), lengths0 = task._epoch_train_data(0)
+    (src1, _), _ = task._epoch_train_data(1)
+    plain_src, plain_tgt = task.train_ids
+    assert src0 != src1 and src0 != plain_src  # a new segmentation every epoch, unlike the plain one
+    assert [task.src_tok.decode(x) for x in src0] == [task.src_tok.decode(x) for x in plain_src]
+    assert [task.tgt_tok.decode(x) for x in tgt0] == [task.tgt_tok.decode(x) for x in plain_tgt]
+    assert lengths0 == [(len(s), len(t) + 1) for s, t in zip(src0, tgt0)]
+
+
+def test_bpe_dropout_needs_bpe(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", str(_recipe(tmp_path, corpus_dir)), "tokenizer.dropout=0.1"]) != 0
+    err = capsys.readouterr().err
+    assert 'needs kind = "bpe"' in err and "'word'" in err and "Traceback" not in err
 
 
 def test_restart_without_resume_refuses_to_overwrite(tmp_path: Path, corpus_dir: Path,

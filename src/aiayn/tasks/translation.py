@@ -17,6 +17,8 @@ from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.tokenize.bpe import BPETokenizer
+from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder
 from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -26,7 +28,8 @@ DATA_DEFAULTS: dict[str, Any] = {
     "test_src": None, "test_tgt": None,
     "max_tokens_per_side": 128, "policy": "warn", "batch_tokens": 4096, "lowercase": False,
 }
-TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2}
+TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2,
+                                      "dropout": 0.0}
 DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 EVAL_DEFAULTS: dict[str, Any] = {"bleu": True, "bleu_sentences": 500, "bleu_beam": 1}
 SRC_TOK, TGT_TOK, JOINT_TOK = "tokenizer.src.json", "tokenizer.tgt.json", "tokenizer.json"
@@ -104,21 +107,52 @@ class TranslationTask:
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
 
-        limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
-        self.train_ids = self._encode(train, limit, "training")
-        self.valid_ids = self._encode(valid, limit, "validation") if valid[0] else ([], [])
+        self.limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
+        self.train_ids, kept = self._encode(train, self.limit, "training")
+        self.valid_ids = self._encode(valid, self.limit, "validation")[0] if valid[0] else ([], [])
         self.lengths = [(len(s), len(t) + 1) for s, t in zip(*self.train_ids)]
+        self._dropout = self._prepare_bpe_dropout(train, kept)
+        self._epoch_data: tuple[int, tuple[list, list], list] | None = None
 
     # ------------------------------------------------------------------ setup helpers
     def _train_tok(self, texts: list[str]) -> Tokenizer:
         kw = {"min_frequency": self.tok_cfg["min_frequency"]} if self.tok_cfg["kind"] != "char" else {}
         return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"], **kw)
 
-    def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[list, list]:
+    def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[tuple[list, list], list]:
+        """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs."""
         src = self.src_tok.encode_batch(pair[0])
         tgt = self.tgt_tok.encode_batch(pair[1])
         kept = filter_by_token_length(src, tgt, limit, self.data["policy"], origin=f"{what} data")
-        return list(kept.src), list(kept.tgt)
+        return (list(kept.src), list(kept.tgt)), list(kept.kept)
+
+    def _prepare_bpe_dropout(self, train: tuple[list[str], list[str]], kept: list[int]):
+        """``[tokenizer] dropout > 0``: the kept training pairs, ready to be re-segmented every epoch."""
+        p = self.tok_cfg["dropout"]
+        if not p:
+            return None
+        if not (isinstance(self.src_tok, BPETokenizer) and isinstance(self.tgt_tok, BPETokenizer)):
+            raise AiaynError(f"[tokenizer] dropout = {p} needs kind = \"bpe\" (BPE-dropout skips BPE merges); "
+                             f"got kind = {self.tok_cfg['kind']!r}: set dropout = 0 or use BPE")
+        src_enc = BPEDropoutEncoder(self.src_tok, p, seed=self.seed)
+        tgt_enc = src_enc if self.tgt_tok is self.src_tok else BPEDropoutEncoder(self.tgt_tok, p, seed=self.seed)
+        return (src_enc.prepare([train[0][i] for i in kept]), tgt_enc.prepare([train[1][i] for i in kept]))
+
+    def _epoch_train_data(self, epoch: int) -> tuple[tuple[list, list], list]:
+        """This epoch's training ids and (source, target) lengths: BPE-dropout segmentations when enabled.
+
+        A pair whose sampled segmentation is longer than the token limit keeps its deterministic one.
+        """
+        if self._dropout is None:
+            return self.train_ids, self.lengths
+        if self._epoch_data is None or self._epoch_data[0] != epoch:
+            src = self._dropout[0].encode_epoch(epoch, salt=0)
+            tgt = self._dropout[1].encode_epoch(epoch, salt=1)
+            for i, (s, t) in enumerate(zip(src, tgt)):
+                if max(len(s), len(t)) > self.limit:
+                    src[i], tgt[i] = self.train_ids[0][i], self.train_ids[1][i]
+            self._epoch_data = (epoch, (src, tgt), [(len(s), len(t) + 1) for s, t in zip(src, tgt)])
+        return self._epoch_data[1], self._epoch_data[2]
 
     def _collate(self, index: list[int], src_ids: list, tgt_ids: list) -> dict[str, Any]:
         t = self.tgt_tok
@@ -131,9 +165,10 @@ class TranslationTask:
         """Token-budget batches, reshuffled each epoch from (seed, epoch); resumable at (epoch, index)."""
         epoch, index = (position["epoch"], position["index"]) if position else (0, 0)
         while True:
-            plan = token_budget_batches(self.lengths, self.data["batch_tokens"], seed=self.seed, epoch=epoch)
+            ids, lengths = self._epoch_train_data(epoch)
+            plan = token_budget_batches(lengths, self.data["batch_tokens"], seed=self.seed, epoch=epoch)
             for i in range(index, len(plan)):
-                yield self._collate(plan[i], *self.train_ids), {"epoch": epoch, "index": i + 1}
+                yield self._collate(plan[i], *ids), {"epoch": epoch, "index": i + 1}
             epoch, index = epoch + 1, 0
 
     def count_targets(self, batch: dict[str, Any]) -> int:
