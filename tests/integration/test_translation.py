@@ -123,34 +123,13 @@ def test_ensemble_translate_and_evaluate(tmp_path: Path, corpus_dir: Path, capsy
     assert str(other) in err and "tokenizers differ" in err and "Traceback" not in err
 
 
-def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
-    full = tmp_path / "full"
+def _full_and_resumed(tmp_path: Path, corpus_dir: Path, overrides: list[str]) -> tuple[Path, Path]:
+    """Train 12 steps straight through, and 8 + a resumed 4; return the two run directories."""
+    common = [*overrides, "train.eval_every=100", "train.save_every=4", "train.average_last=0"]
+    full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir()
-    run_recipe(_recipe(full, corpus_dir), ["train.eval_every=100", "train.save_every=4", "train.average_last=0"])
-    part = tmp_path / "part"
     part.mkdir()
-    recipe = _recipe(part, corpus_dir)
-    run_recipe(recipe, ["train.max_steps=8", "train.eval_every=100", "train.save_every=4", "train.average_last=0"])
-    run_recipe(recipe, ["train.eval_every=100", "train.save_every=4", "train.average_last=0"], resume=True)
-    a = [r["train_loss"] for r in read_metrics(full / "run" / "metrics.jsonl") if "train_loss" in r]
-    b = [r["train_loss"] for r in read_metrics(part / "run" / "metrics.jsonl") if "train_loss" in r]
-    assert len(a) == len(b) == 12
-    assert a == pytest.approx(b, abs=1e-6)
-    wa = load_pretrained(full / "run" / "last").model.state_dict()
-    wb = load_pretrained(part / "run" / "last").model.state_dict()
-    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
-
-
-BPE_DROPOUT = ["tokenizer.kind=bpe", "tokenizer.vocab_size=120", "tokenizer.dropout=0.1"]
-
-
-def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path: Path, corpus_dir: Path) -> None:
-    common = [*BPE_DROPOUT, "train.eval_every=100", "train.save_every=4", "train.average_last=0"]
-    full = tmp_path / "full"
-    full.mkdir()
     run_recipe(_recipe(full, corpus_dir), common)
-    part = tmp_path / "part"
-    part.mkdir()
     recipe = _recipe(part, corpus_dir)
     run_recipe(recipe, [*common, "train.max_steps=8"])
     run_recipe(recipe, common, resume=True)
@@ -158,7 +137,23 @@ def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path: Path, c
     b = [r["train_loss"] for r in read_metrics(part / "run" / "metrics.jsonl") if "train_loss" in r]
     assert len(a) == len(b) == 12
     assert a == pytest.approx(b, abs=1e-6)
+    return full / "run", part / "run"
 
+
+def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
+    full, part = _full_and_resumed(tmp_path, corpus_dir, [])
+    wa = load_pretrained(full / "last").model.state_dict()
+    wb = load_pretrained(part / "last").model.state_dict()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+# 2000-token batches: 6 per epoch, so the 12 steps span two epochs and the resumed run restarts inside epoch 1
+BPE_DROPOUT = ["tokenizer.kind=bpe", "tokenizer.vocab_size=120", "tokenizer.dropout=0.1", "data.batch_tokens=2000"]
+
+
+def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path: Path, corpus_dir: Path) -> None:
+    _full_and_resumed(tmp_path, corpus_dir, BPE_DROPOUT)
+    recipe = tmp_path / "part" / "r.toml"
     task = TranslationTask(load_recipe(recipe, BPE_DROPOUT))
     (src0, tgt0), lengths0 = task._epoch_train_data(0)
     (src1, _), _ = task._epoch_train_data(1)

@@ -18,7 +18,7 @@ from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
 from aiayn.tokenize.bpe import BPETokenizer
-from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder
+from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder, PreparedCorpus
 from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -126,7 +126,8 @@ class TranslationTask:
         kept = filter_by_token_length(src, tgt, limit, self.data["policy"], origin=f"{what} data")
         return (list(kept.src), list(kept.tgt)), list(kept.kept)
 
-    def _prepare_bpe_dropout(self, train: tuple[list[str], list[str]], kept: list[int]):
+    def _prepare_bpe_dropout(self, train: tuple[list[str], list[str]],
+                             kept: list[int]) -> tuple[PreparedCorpus, PreparedCorpus] | None:
         """``[tokenizer] dropout > 0``: the kept training pairs, ready to be re-segmented every epoch."""
         p = self.tok_cfg["dropout"]
         if not p:
