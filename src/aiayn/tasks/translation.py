@@ -112,7 +112,6 @@ class TranslationTask:
         self.valid_ids = self._encode(valid, self.limit, "validation")[0] if valid[0] else ([], [])
         self.lengths = [(len(s), len(t) + 1) for s, t in zip(*self.train_ids)]
         self._dropout = self._prepare_bpe_dropout(train, kept)
-        self._epoch_data: tuple[int, tuple[list, list], list] | None = None
 
     # ------------------------------------------------------------------ setup helpers
     def _train_tok(self, texts: list[str]) -> Tokenizer:
@@ -146,14 +145,12 @@ class TranslationTask:
         """
         if self._dropout is None:
             return self.train_ids, self.lengths
-        if self._epoch_data is None or self._epoch_data[0] != epoch:
-            src = self._dropout[0].encode_epoch(epoch, salt=0)
-            tgt = self._dropout[1].encode_epoch(epoch, salt=1)
-            for i, (s, t) in enumerate(zip(src, tgt)):
-                if max(len(s), len(t)) > self.limit:
-                    src[i], tgt[i] = self.train_ids[0][i], self.train_ids[1][i]
-            self._epoch_data = (epoch, (src, tgt), [(len(s), len(t) + 1) for s, t in zip(src, tgt)])
-        return self._epoch_data[1], self._epoch_data[2]
+        src = self._dropout[0].encode_epoch(epoch, salt=0)
+        tgt = self._dropout[1].encode_epoch(epoch, salt=1)
+        for i, (s, t) in enumerate(zip(src, tgt)):
+            if max(len(s), len(t)) > self.limit:
+                src[i], tgt[i] = self.train_ids[0][i], self.train_ids[1][i]
+        return (src, tgt), [(len(s), len(t) + 1) for s, t in zip(src, tgt)]
 
     def _collate(self, index: list[int], src_ids: list, tgt_ids: list) -> dict[str, Any]:
         t = self.tgt_tok

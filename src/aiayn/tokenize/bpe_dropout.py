@@ -127,9 +127,6 @@ class PreparedCorpus:
                  pools: list[list[list[int]]]) -> None:
         self.encoder, self.sentence_words, self.pools = encoder, sentence_words, pools
 
-    def __len__(self) -> int:
-        return len(self.sentence_words)
-
     def encode_epoch(self, epoch: int, salt: int = 0) -> list[list[int]]:
         """Every sentence's token ids for ``epoch``, a pure function of ``(seed, epoch, salt)``.
 
