@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.nn.dropout import Dropout, drop_mask, dropout
+from aiayn.nn.dropout import Dropout, drop_mask, dropout, keep_scale
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
@@ -44,6 +44,20 @@ def test_gradient_is_the_mask_times_the_scale():
     y.sum().backward()
     expected = (y != 0).float() / 0.6
     torch.testing.assert_close(x.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multiplier_matches_the_mask_and_the_masked_fill_reference(dtype):
+    # the multiplier (the fast path) and the bool mask are the same draws: dropout(x) == x.masked_fill(mask) / (1-p)
+    x = torch.randn(37, 129).to(dtype)
+    torch.manual_seed(5)
+    mask = drop_mask(x.shape, 0.3)
+    torch.manual_seed(5)
+    scale = keep_scale(x.shape, 0.3, dtype)
+    assert scale.dtype == dtype and torch.equal(scale == 0, mask)
+    torch.manual_seed(5)
+    y = dropout(x, 0.3)
+    assert torch.equal(y, x.masked_fill(mask, 0.0) * scale.max())
 
 
 def test_same_seed_same_mask_and_eval_is_identity():
