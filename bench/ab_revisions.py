@@ -1,14 +1,17 @@
-"""aiayn against itself at two git revisions: beam-4 translation speed before and after a change.
+"""aiayn against itself at two git revisions: beam-4 translation or training speed before and after a change.
 
 A speed change to the library is claimed by timing the code before and after it in one invocation, runs
 alternating (A, B, A, B, ...) so that background load hits both alike. Each revision is checked out into a
 temporary ``git worktree`` (``WORKTREE`` means this checkout as it is, uncommitted edits included); every timed
 run is a fresh subprocess importing that revision's ``aiayn``, decoding the random model and inputs of
 ``translate_beam.py`` (beam 4, alpha 0.6, EOS masked so that every decode makes the same number of steps).
-``same_output`` compares the hypotheses of the two revisions.
+``same_output`` compares the hypotheses of the two revisions. A ``train:SETUP`` case instead times training
+steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup on its fixed random batch, in
+target tokens/s; ``same_output`` then compares the step losses to 4 significant digits.
 
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
+    .venv/bin/python bench/ab_revisions.py --base HEAD~2 --head HEAD --cases train:seq2seq-multi30k-tiny
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import train_throughput  # noqa: E402
 from translate_beam import BOS, EOS, PAD, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,12 +68,41 @@ def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_l
     return {"times": times, "digest": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]}
 
 
-def parse_case(case: str) -> tuple[Seq2SeqSize, int]:
-    """``"multi30k:32"`` -> (the size, batch 32)."""
-    name, _, batch = case.partition(":")
-    if name not in SIZES or not batch.isdigit():
-        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}")
-    return SIZES[name], int(batch)
+def time_train_case(setup: str, runs: int, quick: bool = False) -> dict[str, Any]:
+    """Time ``runs`` training steps (after one warm-up) of a ``train_throughput`` setup with this process's ``aiayn``
+    (``quick``: the setup's small test model).
+
+    Returns ``{"times": [s, ...], "units": target tokens per step, "digest": hash of the losses to 4 digits}``.
+    """
+    step, tokens = train_throughput.build_step(setup, "aiayn", quick)
+    losses = [step()]
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    digest = hashlib.sha256(json.dumps([f"{x:.4g}" for x in losses]).encode()).hexdigest()[:16]
+    return {"times": times, "units": tokens, "digest": digest}
+
+
+def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str:
+    """``"multi30k:32"`` -> (the size, batch 32); ``"train:SETUP"`` -> the training setup's name."""
+    name, _, arg = case.partition(":")
+    if name == "train":
+        if arg not in train_throughput.SETUPS:
+            raise SystemExit(f"--cases: {case!r}: train:SETUP needs SETUP one of {sorted(train_throughput.SETUPS)}")
+        return arg
+    if name not in SIZES or not arg.isdigit():
+        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}, or train:SETUP")
+    return SIZES[name], int(arg)
+
+
+def run_case(case: str, runs: int) -> dict[str, Any]:
+    """Time one case with the ``aiayn`` this process imports (``units``: sentences or tokens per timed run)."""
+    parsed = parse_case(case)
+    if isinstance(parsed, str):
+        return time_train_case(parsed, runs)
+    return {**time_case(*parsed, runs=runs), "units": parsed[1]}
 
 
 def checkout(rev: str, tmp: Path) -> Path:
@@ -108,10 +141,11 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
                                     str(dirs[which].parent)], capture_output=True)
     rows = []
     for case, by in results.items():
-        _, batch = parse_case(case)
+        units = by["base"][0]["units"]
         times = {w: [t for r in by[w] for t in r["times"]] for w in ("base", "head")}
         med = {w: benchlib.median(ts) for w, ts in times.items()}
-        rows.append({"case": case, "base_sent_s": batch / med["base"], "head_sent_s": batch / med["head"],
+        rows.append({"case": case, "unit": "tok/s" if case.startswith("train:") else "sent/s",
+                     "base_per_s": units / med["base"], "head_per_s": units / med["head"],
                      "speedup": med["base"] / med["head"],
                      "same_output": len({r["digest"] for w in by for r in by[w]}) == 1, "times": times})
     return {"base": base, "head": head, "rounds": rounds, "runs_per_round": runs, "rows": rows}
@@ -122,23 +156,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", default="HEAD~1", help="git revision before the change (default HEAD~1)")
     p.add_argument("--head", default="HEAD", help="git revision after it, or WORKTREE (default HEAD)")
-    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="SIZE:BATCH, SIZE in translate_beam.SIZES")
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES,
+                   help="SIZE:BATCH (beam-4 translation, SIZE in translate_beam.SIZES) or train:SETUP (training "
+                        "steps, SETUP in train_throughput.SETUPS)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    p.add_argument("--runs", type=int, default=3, help="timed decodes per subprocess (default 3)")
+    p.add_argument("--runs", type=int, default=3, help="timed decodes or steps per subprocess (default 3)")
     p.add_argument("--threads", type=int, default=benchlib.THREADS)
     p.add_argument("--tag", default="", help="results go to bench/results/ab_revisions[-TAG].json")
     p.add_argument("--child", metavar="CASE", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     if args.child:
-        print(json.dumps(time_case(*parse_case(args.child), runs=args.runs)))
+        print(json.dumps(run_case(args.child, args.runs)))
         return None
     t0 = time.perf_counter()
     payload = bench_ab(args.base, args.head, args.cases, args.rounds, args.runs, args.threads)
     payload["wall_s"] = time.perf_counter() - t0
-    print(f"beam-4 translation, {args.base} (base) vs {args.head} (head); median of {args.rounds} x {args.runs} "
-          "alternating runs; sentences/s")
-    print(benchlib.table(payload["rows"], ["case", "base_sent_s", "head_sent_s", "speedup", "same_output"]))
+    print(f"{args.base} (base) vs {args.head} (head); median of {args.rounds} x {args.runs} alternating runs; beam-4 "
+          "translation in sentences/s, training in target tokens/s")
+    print(benchlib.table(payload["rows"], ["case", "unit", "base_per_s", "head_per_s", "speedup", "same_output"]))
     path = benchlib.write_results("ab_revisions" + (f"-{args.tag}" if args.tag else ""), payload)
     print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload

@@ -102,6 +102,16 @@ def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None
     assert ab_revisions.checkout("WORKTREE", Path("/nonexistent")) == ab_revisions.REPO / "src"
 
 
+def test_ab_revisions_times_training_steps_with_a_loss_digest() -> None:
+    setup = ab_revisions.parse_case("train:seq2seq-multi30k-tiny")
+    assert setup == "seq2seq-multi30k-tiny"
+    a = ab_revisions.time_train_case(setup, runs=2, quick=True)
+    assert len(a["times"]) == 2 and a["units"] > 0
+    assert a["digest"] == ab_revisions.time_train_case(setup, runs=2, quick=True)["digest"]  # same seed, same losses
+    with pytest.raises(SystemExit, match="train:SETUP"):
+        ab_revisions.parse_case("train:nonexistent")
+
+
 def test_eos_mask_blocks_eos_until_the_last_call() -> None:
     head = torch.nn.Linear(3, 5)
     with translate_beam.EosMask(head, eos_id=2, n_calls=2) as mask:

@@ -5,9 +5,12 @@ most memory-hungry part of training: for GPT-2 small at 1024 tokens the logits a
 and autograd keeps the logits, their log-softmax and a dense gradient of each alive. Because the loss is a
 scalar, its gradient with respect to the logits is known in the forward pass
 (``softmax(z) - (1 - eps) * onehot(y) - eps * u``), so this function computes the loss *and* the gradients
-of ``h`` and ``W`` chunk by chunk of rows, overwriting each chunk's logits in place, and the backward pass
-only scales them by the incoming gradient. Same FLOPs as the plain path (three matmuls), a fraction of the
-memory traffic, and memory bounded by one chunk of logits.
+of ``h`` and ``W`` chunk by chunk of rows, and the backward pass only scales them by the incoming gradient.
+Per chunk: the logits go into one reused buffer, their log-softmax (one fused row-local kernel) into another,
+which then becomes the softmax in place; the label term is a scatter, and the constant ``-eps * u`` never
+touches the logits: it is a rank-1 correction of each gradient. Rows whose label is ignored (padding) get no
+logits at all. Same FLOPs as the plain path (three matmuls) or fewer, a fraction of the memory traffic, and
+memory bounded by two chunks of logits.
 
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).
@@ -38,52 +41,64 @@ class _LinearSmoothedNLL(torch.autograd.Function):
         spread = epsilon / n_smooth  # smoothing mass per class
         w = weight.to(h.dtype)  # (V, D); a no-op without mixed precision
         keep_all = labels != IGNORE_INDEX  # (N,)
-        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, D)
-        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if ctx.needs_input_grad[1]
-                  else None)  # (V, D)
+        kept = keep_all.nonzero().squeeze(1)  # (K,) only these rows count: the others get no logits at all
+        h_kept, labels_kept = h.index_select(0, kept), labels.index_select(0, kept)[:, None]  # (K, D), (K, 1)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h_kept = torch.empty_like(h_kept) if need_h else None  # (K, D)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None  # (V, D)
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-        if epsilon > 0:
-            # sum over classes of z = h @ (sum of the weight rows): a mat-vec instead of a pass over the logits
-            w_total = weight.float().sum(0)  # (D,)
-            if ignore_vocab_id is not None:
-                w_total = w_total - weight[ignore_vocab_id].float()
-        for start in range(0, h.shape[0], chunk_rows):
+        # the smoothed classes' weight rows summed: sum over them of z = h @ w_smooth, a mat-vec instead of a pass over
+        # the logits; and (below) the gradient's constant -spread on every smoothed class as rank-1 corrections
+        w_smooth = weight.float().sum(0)  # (D,)
+        if ignore_vocab_id is not None:
+            w_smooth = w_smooth - weight[ignore_vocab_id].float()
+        # two (n, V) float32 buffers reused by every chunk: fresh chunk-sized allocations cost page faults on CPU
+        logits_buffer, logp_buffer = torch.empty(2, min(chunk_rows, h_kept.shape[0]), weight.shape[0],
+                                                 dtype=torch.float32, device=h.device)
+        for start in range(0, h_kept.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
-            hc, keep = h[rows], keep_all[rows]  # (n, D), (n,)
-            safe = labels[rows].masked_fill(~keep, 0)[:, None]  # (n, 1)
-            z = (hc @ w.T).float()  # (n, V) logits
-            z_label = z.gather(1, safe).squeeze(1)  # (n,)
-            top = z.amax(-1, keepdim=True)  # (n, 1)
-            e = z.sub_(top).exp_()  # (n, V) exp(z - max), in place over z
-            total_e = e.sum(-1)  # (n,)
-            lse = top.squeeze(1) + total_e.log()  # (n,) log-sum-exp
-            nll = lse - z_label  # (n,)
+            hc, label = h_kept[rows], labels_kept[rows]  # (n, D), (n, 1)
+            n = hc.shape[0]
+            if hc.dtype == torch.float32:
+                z = torch.matmul(hc, w.T, out=logits_buffer[:n])  # (n, V) logits
+            else:  # mixed precision: low-precision matmul, float32 logits
+                z = logits_buffer[:n].copy_(hc @ w.T)
+            logp = torch.log_softmax(z, -1, out=logp_buffer[:n])  # (n, V): one fused, row-local pass
+            logp_label = logp.gather(1, label).squeeze(1)  # (n,)
+            nll = -logp_label
             loss = nll
-            keep_f = keep.float()
             if epsilon > 0:
-                smooth = lse - (hc.float() @ w_total) / n_smooth  # (n,) mean negative log-prob, smoothed classes
+                lse = z.gather(1, label).squeeze(1) - logp_label  # (n,) log-sum-exp
+                smooth = lse - (hc.float() @ w_smooth) / n_smooth  # (n,) mean -log p over the smoothed classes
                 loss = (1.0 - epsilon) * nll + epsilon * smooth
-            loss_sum += (loss * keep_f).sum()
-            nll_sum += (nll * keep_f).sum()
-            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - eps * u, zero on ignored rows: in place over e,
-            # the softmax scaled by keep, minus the spread (none on the ignored class), then a scatter for the label
-            g = e.mul_((keep_f / total_e)[:, None])  # (n, V) softmax on kept rows, in place
-            if epsilon > 0:
-                g.sub_((spread * keep_f)[:, None])
-                if ignore_vocab_id is not None:
-                    g[:, ignore_vocab_id] += spread * keep_f
-            g.scatter_add_(1, safe, (-(1.0 - epsilon) * keep_f)[:, None])
+            loss_sum += loss.sum()
+            nll_sum += nll.sum()
+            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - spread on every smoothed class: the softmax in place
+            # over logp, the label term scattered; the constant -spread is applied after the loop
+            g = logp.exp_()
+            g.scatter_add_(1, label, torch.full_like(logp_label, -(1.0 - epsilon))[:, None])
             gc = g.to(h.dtype)
-            if grad_h is not None:
-                torch.matmul(gc, w, out=grad_h[rows])
+            if grad_h_kept is not None:
+                torch.matmul(gc, w, out=grad_h_kept[rows])
             if grad_w is not None:
                 grad_w.addmm_(gc.T.to(grad_w.dtype), hc.to(grad_w.dtype))
+        if epsilon > 0:  # the -spread term: each kept row's gradient loses spread * w_smooth ...
+            if grad_h_kept is not None:
+                grad_h_kept.sub_((spread * w_smooth).to(h.dtype))
+            if grad_w is not None:  # ... and each smoothed class's weight row spread * (sum of the kept rows)
+                rows_total = h_kept.float().sum(0)  # (D,)
+                grad_w.sub_(spread * rows_total)
+                if ignore_vocab_id is not None:
+                    grad_w[ignore_vocab_id] += spread * rows_total
+        grad_h = None
+        if grad_h_kept is not None:  # ignored rows: zero gradient
+            grad_h = torch.zeros_like(h).index_copy_(0, kept, grad_h_kept)
         # gradients of the loss sum, already complete: backward only scales them (they are not inputs or outputs,
         # so they live on ctx rather than in save_for_backward)
         ctx.grad_h = grad_h
         ctx.grad_w, ctx.weight_dtype = grad_w, weight.dtype
-        n_tokens = keep_all.sum()
+        n_tokens = torch.tensor(kept.shape[0], device=h.device)
         ctx.mark_non_differentiable(nll_sum, n_tokens)
         return loss_sum, nll_sum, n_tokens
 
