@@ -8,8 +8,8 @@ probability ``round(p * 65536) / 65536`` (within 1/131072 of ``p``). The mask is
 multiplier (0 where dropped, ``1 / (1 - p)`` where kept) and the activation multiplied by it, a vectorized
 product in both the forward and the backward pass; ``masked_fill`` with a bool mask, the obvious way, runs
 several times slower on CPU in each pass. The forward takes 2.4-2.7x less time than torch's
-(``bench/cpu_train_kernels.py``, docs/BENCHMARKS.md). The expectation is unchanged, and the mask is seeded by ``torch.manual_seed``
-like any other draw, so runs and resumed runs stay reproducible.
+(``bench/cpu_train_kernels.py``, docs/BENCHMARKS.md). The expectation is unchanged, and the mask is seeded by
+``torch.manual_seed`` like any other draw, so runs and resumed runs stay reproducible.
 
 Elsewhere (CUDA, other accelerators) the fused ``torch.nn.functional.dropout`` is already fast and is used
 unchanged. The reference is ``torch.nn.functional.dropout``; tests hold the two to the same statistics,

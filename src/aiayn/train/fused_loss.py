@@ -40,19 +40,19 @@ class _LinearSmoothedNLL(torch.autograd.Function):
         n_smooth = weight.shape[0] if ignore_vocab_id is None else weight.shape[0] - 1  # classes sharing eps
         spread = epsilon / n_smooth  # smoothing mass per class
         w = weight.to(h.dtype)  # (V, D); a no-op without mixed precision
-        keep_all = labels != IGNORE_INDEX  # (N,)
-        kept = keep_all.nonzero().squeeze(1)  # (K,) only these rows count: the others get no logits at all
+        kept = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # (K,) only these rows count: the others get no logits
         h_kept, labels_kept = h.index_select(0, kept), labels.index_select(0, kept)[:, None]  # (K, D), (K, 1)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h_kept = torch.empty_like(h_kept) if need_h else None  # (K, D)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None  # (V, D)
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-        # the smoothed classes' weight rows summed: sum over them of z = h @ w_smooth, a mat-vec instead of a pass over
-        # the logits; and (below) the gradient's constant -spread on every smoothed class as rank-1 corrections
-        w_smooth = weight.float().sum(0)  # (D,)
-        if ignore_vocab_id is not None:
-            w_smooth = w_smooth - weight[ignore_vocab_id].float()
+        if epsilon > 0:
+            # the smoothed classes' weight rows summed: sum over them of z = h @ w_smooth, a mat-vec instead of a pass
+            # over the logits; and (below) the gradient's constant -spread on every smoothed class as rank-1 corrections
+            w_smooth = weight.float().sum(0)  # (D,)
+            if ignore_vocab_id is not None:
+                w_smooth = w_smooth - weight[ignore_vocab_id].float()
         # two (n, V) float32 buffers reused by every chunk: fresh chunk-sized allocations cost page faults on CPU
         logits_buffer, logp_buffer = torch.empty(2, min(chunk_rows, h_kept.shape[0]), weight.shape[0],
                                                  dtype=torch.float32, device=h.device)
