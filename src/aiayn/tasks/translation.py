@@ -29,7 +29,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "max_tokens_per_side": 128, "policy": "warn", "batch_tokens": 4096, "lowercase": False,
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2,
-                                      "dropout": 0.0}
+                                      "split_punctuation": True, "dropout": 0.0}
 DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 EVAL_DEFAULTS: dict[str, Any] = {"bleu": True, "bleu_sentences": 500, "bleu_beam": 1}
 SRC_TOK, TGT_TOK, JOINT_TOK = "tokenizer.src.json", "tokenizer.tgt.json", "tokenizer.json"
@@ -115,8 +115,11 @@ class TranslationTask:
 
     # ------------------------------------------------------------------ setup helpers
     def _train_tok(self, texts: list[str]) -> Tokenizer:
-        kw = {"min_frequency": self.tok_cfg["min_frequency"]} if self.tok_cfg["kind"] != "char" else {}
-        return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"], **kw)
+        kind = self.tok_cfg["kind"]
+        kw = {"min_frequency": self.tok_cfg["min_frequency"]} if kind != "char" else {}
+        if kind == "bpe":
+            kw["split_punctuation"] = self.tok_cfg["split_punctuation"]
+        return train_tokenizer(kind, texts, self.tok_cfg["vocab_size"], **kw)
 
     def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[tuple[list, list], list]:
         """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs."""

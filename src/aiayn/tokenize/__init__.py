@@ -32,7 +32,7 @@ from aiayn.tokenize.word import WordTokenizer
 
 TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "char", "word")
 DEFAULT_BPE_VOCAB_SIZE = 8000
-_OPTIONS: dict[str, set[str]] = {"bpe": {"min_frequency"}, "char": set(), "word": {"min_frequency"}}
+_OPTIONS: dict[str, set[str]] = {"bpe": {"min_frequency", "split_punctuation"}, "char": set(), "word": {"min_frequency"}}
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int | None = None, **kw: Any) -> Tokenizer:
@@ -44,7 +44,8 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int | None = No
         vocab_size: total vocabulary size, special tokens included. BPE: the target size (default
             8000). Word: keeps the ``vocab_size - 5`` most frequent words (default: all). Char:
             ignored (the vocabulary is every character seen).
-        **kw: passed on to the kind's ``train`` (``min_frequency`` for BPE and word).
+        **kw: passed on to the kind's ``train`` (``min_frequency`` for BPE and word,
+            ``split_punctuation`` for BPE).
 
     Raises:
         AiaynError: unknown kind (the message lists the valid ones), or a bad ``vocab_size``.

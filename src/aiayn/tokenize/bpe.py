@@ -2,8 +2,12 @@
 
 The paper's translation models use a shared source-target BPE vocabulary of about 37,000 tokens. The
 pipeline here: NFKC, every whitespace run becomes one space and the ends are stripped, then the
-Metaspace pre-tokenizer marks word starts with ``▁`` (as SentencePiece does), and BPE splits words
-into subwords. Decoding reverses the Metaspace step exactly, so ``decode(encode(x)) == normalize(x)``.
+Metaspace pre-tokenizer marks word starts with ``▁`` (as SentencePiece does), each punctuation character
+is split off into a piece of its own (``"▁zaun."`` -> ``"▁zaun"``, ``"."``; as Moses tokenization does
+before BPE, so that "zaun" and "zaun." share one embedding), and BPE splits words into subwords.
+Decoding reverses the Metaspace step exactly (a piece without ``▁`` joins the one before it), so
+``decode(encode(x)) == normalize(x)``. Tokenizers trained before punctuation splitting existed keep
+their own pipeline, which is saved with them.
 
 The five special tokens are ordinary vocabulary entries at ids 0-4, not HF "added tokens": a literal
 ``"<pad>"`` typed in the input is text like any other, never the padding id.
@@ -24,8 +28,12 @@ from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, UNK, Tokenizer, req
 _META = "\u2581"  # "▁", the word-start marker
 
 
-def _hf_pipeline(model: models.Model) -> HFTokenizer:
-    """An HF tokenizer around ``model`` with our normalizer, pre-tokenizer and decoder."""
+def _hf_pipeline(model: models.Model, split_punctuation: bool = True) -> HFTokenizer:
+    """An HF tokenizer around ``model`` with our normalizer, pre-tokenizer and decoder.
+
+    ``split_punctuation``: isolate every Unicode punctuation character (``,.!?-'"()`` ...) after the
+    Metaspace split, so BPE never merges punctuation into a word.
+    """
     tok = HFTokenizer(model)
     tok.normalizer = normalizers.Sequence(
         [
@@ -35,7 +43,11 @@ def _hf_pipeline(model: models.Model) -> HFTokenizer:
             normalizers.Strip(),
         ]
     )
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_META, prepend_scheme="always", split=True)
+    words = pre_tokenizers.Metaspace(replacement=_META, prepend_scheme="always", split=True)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([words, pre_tokenizers.Punctuation(behavior="isolated")])
+        if split_punctuation else words
+    )
     tok.decoder = decoders.Metaspace(replacement=_META, prepend_scheme="always", split=True)
     return tok
 
@@ -73,7 +85,9 @@ class BPETokenizer(Tokenizer):
         self._size = hf.get_vocab_size(with_added_tokens=False)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2, split_punctuation: bool = True
+    ) -> BPETokenizer:
         """Learn BPE merges from ``texts``.
 
         Args:
@@ -81,12 +95,15 @@ class BPETokenizer(Tokenizer):
             vocab_size: the target vocabulary size, special tokens included. Every character seen
                 in training gets an id even if that makes the vocabulary larger than this.
             min_frequency: a pair must occur at least this often to be merged.
+            split_punctuation: keep punctuation out of merges (each punctuation character is its own
+                piece); ``False`` gives the earlier pipeline, where ``"zaun."`` and ``"zaun"`` were
+                different words to BPE.
         """
         if vocab_size < NUM_SPECIAL:
             raise AiaynError(
                 f"vocab_size must be at least {NUM_SPECIAL} (the special tokens), got {vocab_size}"
             )
-        tok = _hf_pipeline(models.BPE(unk_token=UNK))
+        tok = _hf_pipeline(models.BPE(unk_token=UNK), split_punctuation)
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
