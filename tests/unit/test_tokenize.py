@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from aiayn.tokenize import (
     BOS_ID,
     EOS_ID,
     MASK_ID,
+    NUM_SPECIAL,
     PAD_ID,
     SPECIAL_TOKENS,
     UNK_ID,
@@ -25,6 +27,7 @@ from aiayn.tokenize import (
     WordTokenizer,
     load_tokenizer,
     train_tokenizer,
+    training_options,
 )
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -55,6 +58,12 @@ ANY_TEXT = st.one_of(TRICKY, st.text(max_size=40))
 @pytest.fixture(scope="module")
 def bpe() -> BPETokenizer:
     return BPETokenizer.train(CORPUS, vocab_size=120, min_frequency=2)
+
+
+@pytest.fixture(scope="module")
+def bpe_unsplit() -> BPETokenizer:
+    """The earlier pipeline, which let BPE merge punctuation into words."""
+    return BPETokenizer.train(CORPUS, vocab_size=120, min_frequency=2, split_punctuation=False)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +112,32 @@ def test_word_round_trip(word: WordTokenizer, text: str) -> None:
 @given(text=ANY_TEXT)
 def test_bpe_round_trip_generated_text(bpe: BPETokenizer, text: str) -> None:
     _round_trip_holds(bpe, text)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=ANY_TEXT)
+def test_bpe_without_punctuation_split_round_trips(bpe_unsplit: BPETokenizer, text: str) -> None:
+    _round_trip_holds(bpe_unsplit, text)
+
+
+def _pieces_with_punctuation(tok: BPETokenizer) -> list[str]:
+    """Learned vocabulary entries longer than one character that contain a punctuation character."""
+    vocab = tok.hf.get_vocab()
+    return sorted(p for p, i in vocab.items() if i >= NUM_SPECIAL and len(p) > 1
+                  and any(unicodedata.category(c).startswith("P") for c in p))
+
+
+def test_bpe_keeps_punctuation_out_of_merges() -> None:
+    split = BPETokenizer.train(CORPUS, vocab_size=400, min_frequency=2)
+    unsplit = BPETokenizer.train(CORPUS, vocab_size=400, min_frequency=2, split_punctuation=False)
+    assert _pieces_with_punctuation(split) == []
+    assert "s." in _pieces_with_punctuation(unsplit)  # "bushes." "windows." ...: the old pipeline merged these
+    line = "Two men are at the stove preparing food."
+    pieces = [split.id_to_token(i) for i in split.encode(line)]
+    assert pieces[-1] == "." and split.decode(split.encode(line)) == line
+    assert training_options({"kind": "bpe", "vocab_size": 9, "min_frequency": 3, "split_punctuation": False,
+                             "joint": True}) == {"min_frequency": 3, "split_punctuation": False}
+    assert training_options({"kind": "char", "min_frequency": 3, "split_punctuation": True}) == {}
 
 
 def test_bpe_round_trip_on_sample_corpus(bpe: BPETokenizer) -> None:
@@ -182,10 +217,11 @@ def test_char_tokenizer_vocab_is_sorted_chars() -> None:
     assert tok.decode(tok.encode("hello\nworld")) == "hello\nworld"
 
 
-def test_save_load_round_trip(tmp_path: Path, all_kinds: list[Tokenizer]) -> None:
+def test_save_load_round_trip(tmp_path: Path, all_kinds: list[Tokenizer], bpe_unsplit: BPETokenizer) -> None:
+    all_kinds = [*all_kinds, bpe_unsplit]  # a saved tokenizer keeps its own pre-tokenizer
     probe = [*CORPUS, "unseen 中 text <pad> ▁ ﬁ", ""]
-    for tok in all_kinds:
-        path = tmp_path / tok.kind / "tokenizer.json"
+    for n, tok in enumerate(all_kinds):
+        path = tmp_path / f"{n}-{tok.kind}" / "tokenizer.json"
         tok.save(path)
         assert [p.name for p in path.parent.iterdir()] == ["tokenizer.json"]  # one file, no temp left
         assert json.loads(path.read_text(encoding="utf-8"))["kind"] == tok.kind

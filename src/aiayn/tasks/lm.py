@@ -28,7 +28,7 @@ from aiayn.data.packing import PackedBlocks, pack_documents
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
-from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import IGNORE_INDEX
 from aiayn.train.recipe import resolve_path, take
@@ -38,7 +38,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "packing": False, "eval_batch_size": 64, "eval_max_blocks": None,
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {
-    "kind": "char", "vocab_size": 8000, "min_frequency": 2, "newlines": True,
+    "kind": "char", "vocab_size": 8000, "min_frequency": 2, "split_punctuation": True, "newlines": True,
 }
 TOKENIZER_FILE = "tokenizer.json"
 NEWLINE_SYMBOL = "\u2424"  # "␤", SYMBOL FOR NEWLINE
@@ -174,7 +174,7 @@ class LMTask:
         lines = [show_newlines(line + "\n", symbol) if symbol else line
                  for doc in docs for line in doc.split("\n")]
         return train_tokenizer(kind, (x for x in lines if x.strip()), self.tok_cfg["vocab_size"],
-                               min_frequency=self.tok_cfg["min_frequency"])
+                               **training_options(self.tok_cfg))
 
     def _stream(self, docs: list[str]) -> torch.Tensor:
         """One token stream: a single file as is (nanoGPT), a folder's documents each followed by EOS."""

@@ -23,7 +23,7 @@ from aiayn.data.text_io import read_lines
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
-from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.train.checkpoint import load_config, load_model_state
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
@@ -33,7 +33,8 @@ DATA_DEFAULTS: dict[str, Any] = {
     "batch_size": 64, "batch_tokens": None, "eval_batch_size": 128, "mlm_prob": 0.15, "mask_prob": 0.8,
     "random_prob": 0.1,
 }
-TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "min_frequency": 2}
+TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "min_frequency": 2,
+                                      "split_punctuation": True}
 TOKENIZER_FILE = "tokenizer.json"
 TABLE_SUFFIXES = (".tsv", ".csv")
 
@@ -122,8 +123,7 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
         config = ModelConfig.from_dict({**base, **section, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
                                         **forced}, f"{source}/config.json + [model]")
         return tok, config, (None if resume_dir is not None else init_dir)
-    kw = {"min_frequency": tok_cfg["min_frequency"]} if tok_cfg["kind"] != "char" else {}
-    tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **kw)
+    tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))
     return tok, build_model_config(section, vocab_size=tok.vocab_size, pad_id=tok.pad_id, **forced), None
 
 

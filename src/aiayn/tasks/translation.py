@@ -16,7 +16,7 @@ from aiayn.data.parallel import filter_by_token_length, load_parallel
 from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
-from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer
+from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.tokenize.bpe import BPETokenizer
 from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder, PreparedCorpus
 from aiayn.train.fused_loss import linear_label_smoothed_nll
@@ -115,11 +115,8 @@ class TranslationTask:
 
     # ------------------------------------------------------------------ setup helpers
     def _train_tok(self, texts: list[str]) -> Tokenizer:
-        kind = self.tok_cfg["kind"]
-        kw = {"min_frequency": self.tok_cfg["min_frequency"]} if kind != "char" else {}
-        if kind == "bpe":
-            kw["split_punctuation"] = self.tok_cfg["split_punctuation"]
-        return train_tokenizer(kind, texts, self.tok_cfg["vocab_size"], **kw)
+        return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"],
+                               **training_options(self.tok_cfg))
 
     def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[tuple[list, list], list]:
         """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs."""

@@ -6,7 +6,7 @@ file, and load back with :func:`load_tokenizer` whatever their kind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiayn.errors import AiaynError
@@ -32,7 +32,18 @@ from aiayn.tokenize.word import WordTokenizer
 
 TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "char", "word")
 DEFAULT_BPE_VOCAB_SIZE = 8000
-_OPTIONS: dict[str, set[str]] = {"bpe": {"min_frequency", "split_punctuation"}, "char": set(), "word": {"min_frequency"}}
+_OPTIONS: dict[str, set[str]] = {
+    "bpe": {"min_frequency", "split_punctuation"}, "char": set(), "word": {"min_frequency"},
+}
+
+
+def training_options(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword options of :func:`train_tokenizer` that a recipe's ``[tokenizer]`` section sets for its kind.
+
+    ``{"kind": "bpe", "vocab_size": 8000, "min_frequency": 2, "split_punctuation": True, "joint": True}``
+    gives ``{"min_frequency": 2, "split_punctuation": True}``; for ``"char"`` it gives ``{}``.
+    """
+    return {k: section[k] for k in sorted(_OPTIONS.get(section["kind"], ())) if k in section}
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int | None = None, **kw: Any) -> Tokenizer:
@@ -89,4 +100,5 @@ __all__ = [
     "WordTokenizer",
     "load_tokenizer",
     "train_tokenizer",
+    "training_options",
 ]
