@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: every test starts from the same random state; real data is found or skipped."""
+"""Shared pytest fixtures: every test starts from the same random state; real data is found or skipped; a
+``device`` argument runs a test on every available device."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ import torch
 torch.set_num_threads(1)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# Tests that take a ``device`` argument run on the CPU and, where a GPU is present, again on CUDA.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", DEVICES)
 
 
 @pytest.fixture(autouse=True, scope="module")

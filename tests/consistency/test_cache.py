@@ -32,10 +32,10 @@ def _model(arch: str, **kw: object) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("variant", list(DECODER_VARIANTS))
-def test_decoder_cached_equals_full(variant: str) -> None:
+def test_decoder_cached_equals_full(variant: str, device: str) -> None:
     """Prefill a chunk, then feed one token at a time: logits equal a full causal forward."""
-    model = _model("decoder", **DECODER_VARIANTS[variant])
-    ids = torch.randint(3, 64, (2, 9))
+    model = _model("decoder", **DECODER_VARIANTS[variant]).to(device)
+    ids = torch.randint(3, 64, (2, 9)).to(device)
     with torch.inference_mode():
         full = model(ids).logits  # (B, T, V)
         cache = model.new_cache(4)  # smaller than needed: exercises growth
@@ -86,11 +86,11 @@ def test_decoder_cached_prefix_lm_equals_full() -> None:
 
 
 @pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "alibi", "t5", "none"])
-def test_seq2seq_cached_equals_teacher_forced(position: str) -> None:
+def test_seq2seq_cached_equals_teacher_forced(position: str, device: str) -> None:
     """Step-by-step decoding with the cache equals the teacher-forced forward (padded sources)."""
-    model = _model("encoder-decoder", position=position)
-    src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]])
-    tgt = torch.cat([torch.ones(2, 1, dtype=torch.long), torch.randint(3, 64, (2, 6))], 1)  # BOS + target
+    model = _model("encoder-decoder", position=position).to(device)
+    src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]], device=device)
+    tgt = torch.cat([torch.ones(2, 1, dtype=torch.long), torch.randint(3, 64, (2, 6))], 1).to(device)  # BOS + target
     with torch.inference_mode():
         full = model(src, tgt).logits
         memory, src_is_token, _ = model.encode(src)

@@ -3,6 +3,7 @@ the models, sampling, filters."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from types import SimpleNamespace
@@ -133,14 +134,15 @@ def reference_beam_search(model: EncoderDecoderModel, src: torch.Tensor, k: int,
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 @pytest.mark.parametrize("vocab", [12, 3000])
-def test_batched_beam_search_matches_plain_reference(alpha: float, vocab: int) -> None:
+def test_batched_beam_search_matches_plain_reference(alpha: float, vocab: int, device: str) -> None:
     """Batched beam search (cache reordering, finished pools, sentences leaving the batch) follows the
     plain per-sentence reference exactly, including when it stops early. Vocabulary 3000 takes the blocked
-    top-k path (:mod:`aiayn.generate.topk`), with a partial last block."""
+    top-k path (:mod:`aiayn.generate.topk`), with a partial last block. The reference runs on the CPU."""
     model = seq2seq(vocab=vocab)
     lengths = [7, 3, 5, 6, 2, 4]
     src = sources(vocab, lengths)
-    got = translate(model, src, beam_size=3, alpha=alpha, n_best=3, max_len_a=0.5, max_len_b=4)
+    got = translate(copy.deepcopy(model).to(device), src.to(device), beam_size=3, alpha=alpha, n_best=3,
+                    max_len_a=0.5, max_len_b=4)
     for i, n in enumerate(lengths):
         want = reference_beam_search(model, src[i:i + 1, :n], 3, alpha, int(0.5 * n + 4))
         assert [h.tokens for h in got[i]] == [toks for _, toks in want]
@@ -148,9 +150,9 @@ def test_batched_beam_search_matches_plain_reference(alpha: float, vocab: int) -
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_one_is_greedy(alpha: float) -> None:
-    model = seq2seq()
-    src = sources(12, [7, 3, 5, 6, 2, 4])
+def test_beam_one_is_greedy(alpha: float, device: str) -> None:
+    model = seq2seq().to(device)
+    src = sources(12, [7, 3, 5, 6, 2, 4]).to(device)
     beam = translate(model, src, beam_size=1, alpha=alpha, max_len_b=10)
     greedy = greedy_translate(model, src, alpha=alpha, max_len_b=10)
     assert [h[0].tokens for h in beam] == [g.tokens for g in greedy]
@@ -174,10 +176,10 @@ def test_beam_beats_greedy_and_returns_sorted_n_best() -> None:
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_batched_translation_equals_one_by_one(beam_size: int) -> None:
-    model = seq2seq(position="rope")
+def test_batched_translation_equals_one_by_one(beam_size: int, device: str) -> None:
+    model = seq2seq(position="rope").to(device)
     lengths = [7, 3, 5, 2]
-    src = sources(12, lengths)
+    src = sources(12, lengths).to(device)
     batched = translate(model, src, beam_size=beam_size, n_best=beam_size, max_len_b=8)
     greedy_batched = greedy_translate(model, src, max_len_b=8)
     for i, n in enumerate(lengths):
@@ -304,12 +306,13 @@ PROMPTS = [[BOS, 5, 6, 7, 8, 9], [BOS, 10], [BOS, 11, 12, 13]]
 
 
 @pytest.mark.parametrize("position", ["learned", "rope", "alibi", "t5"])
-def test_left_padded_generation_equals_each_prompt_alone(position: str) -> None:
-    model = lm(position)
+def test_left_padded_generation_equals_each_prompt_alone(position: str, device: str) -> None:
+    reference = lm(position)  # the uncached reference runs on the CPU
+    model = copy.deepcopy(reference).to(device)
     batched = generate(model, PROMPTS, max_new_tokens=6, greedy=True, stop_ids=())
     for prompt, out in zip(PROMPTS, batched):
         assert out == generate(model, [prompt], max_new_tokens=6, greedy=True, stop_ids=())[0]
-        assert out == greedy_reference(model, prompt, 6)
+        assert out == greedy_reference(reference, prompt, 6)
 
 
 def test_prefix_lm_generation_matches_uncached_reference() -> None:
@@ -351,8 +354,8 @@ def test_rows_stop_individually_and_stream() -> None:
         assert [t for j, t in events if j == i] == o
 
 
-def test_sampling_is_reproducible_and_top_k_1_is_greedy() -> None:
-    model = lm("rope")
+def test_sampling_is_reproducible_and_top_k_1_is_greedy(device: str) -> None:
+    model = lm("rope").to(device)
     a = generate(model, PROMPTS, max_new_tokens=12, seed=3, stop_ids=())
     assert a == generate(model, PROMPTS, max_new_tokens=12, seed=3, stop_ids=())
     assert a != generate(model, PROMPTS, max_new_tokens=12, seed=4, stop_ids=())

@@ -4,6 +4,7 @@ exact resume, checkpoint averaging, and the errors users hit (mismatched corpora
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
 from aiayn.tasks.translation import TranslationTask
+from aiayn.train.checkpoint import load_training_state
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.recipe import load_recipe
 
@@ -145,6 +147,38 @@ def test_resume_matches_uninterrupted(tmp_path: Path, corpus_dir: Path) -> None:
     wa = load_pretrained(full / "last").model.state_dict()
     wb = load_pretrained(part / "last").model.state_dict()
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_trains_and_resumes_exactly(tmp_path: Path, corpus_dir: Path, dtype: str,
+                                                    device: str) -> None:
+    """Autocast training learns; float16 runs with dynamic loss scaling, whose state a resume restores."""
+    full, part = _full_and_resumed(tmp_path, corpus_dir, [f"train.dtype={dtype}", f"train.device={device}"])
+    steps = [r for r in read_metrics(full / "metrics.jsonl") if "train_loss" in r]
+    losses = [r["train_loss"] for r in steps]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    state = load_training_state(part / "last")
+    if dtype == "float16":
+        assert all(r["loss_scale"] > 0 for r in steps)
+        assert state["grad_scaler"]["scale"] == steps[-1]["loss_scale"]
+    else:
+        assert all("loss_scale" not in r for r in steps) and "grad_scaler" not in state
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_trained_on_cuda_translates_the_same_on_cpu(tmp_path: Path, corpus_dir: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """A checkpoint written by a CUDA run loads on the CPU; both devices give the same translations."""
+    run_recipe(_recipe(tmp_path, corpus_dir), ["train.device=cuda", "train.max_steps=30"])
+    src = tmp_path / "in.txt"
+    src.write_text("the dog sleeps\nthe women see the ball\nbecause the man sees the dog\n", encoding="utf-8")
+    outputs = []
+    for device in ("cpu", "cuda"):
+        capsys.readouterr()
+        assert main(["translate", "--checkpoint", str(tmp_path / "run" / "last"), "-i", str(src), "--beam", "4",
+                     "--device", device]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 3
 
 
 # 2000-token batches: 6 per epoch, so the 12 steps span two epochs and the resumed run restarts inside epoch 1

@@ -88,7 +88,7 @@ def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bia
          is_causal: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
     q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     out, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend, is_causal=is_causal)
-    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
     return out.detach(), (q.grad, k.grad, v.grad)
 
 
@@ -100,17 +100,19 @@ LAYOUTS = [("none", H), ("none", 2), ("none", 1), ("alibi", 2), ("t5", 1)]
 @pytest.mark.parametrize("bias_kind,kv_heads", LAYOUTS, ids=[f"{b}-{({H: 'mha', 2: 'gqa', 1: 'mqa'})[k]}"
                                                              for b, k in LAYOUTS])
 @pytest.mark.parametrize("mask_name", list(MASKS))
-def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int) -> None:
+def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, device: str) -> None:
     mask, is_causal, s = MASKS[mask_name]()
     bias = _bias(bias_kind, s)
     q, k, v = torch.randn(B, H, T, DH), torch.randn(B, kv_heads, s, DH), torch.randn(B, kv_heads, s, DH)
+    empty = _empty_rows(mask, is_causal, s).expand(B, H, T, DH).to(device)
+    if device != "cpu":  # the same inputs; the kernels are the device's own
+        mask, bias, q, k, v = (None if x is None else x.to(device) for x in (mask, bias, q, k, v))
     ref, ref_grads = _run("reference", q, k, v, mask, bias, is_causal)
     fused, fused_grads = _run("sdpa", q, k, v, mask, bias, is_causal)
     torch.testing.assert_close(fused, ref, atol=ATOL, rtol=0)
     for g_fused, g_ref in zip(fused_grads, ref_grads, strict=True):
         assert bool(torch.isfinite(g_fused).all()) and bool(torch.isfinite(g_ref).all())
         torch.testing.assert_close(g_fused, g_ref, atol=ATOL, rtol=0)
-    empty = _empty_rows(mask, is_causal, s).expand(B, H, T, DH)
     assert bool(torch.isfinite(ref).all()) and bool(torch.isfinite(fused).all())
     assert bool((ref[empty] == 0).all()) and bool((fused[empty] == 0).all())
     if mask_name.startswith("empty"):

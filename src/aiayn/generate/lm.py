@@ -55,7 +55,8 @@ def generate(
         temperature: sampling temperature; 0 means greedy.
         top_k, top_p: top-k and nucleus filtering before sampling.
         greedy: take the most likely token (ignores temperature, top_k, top_p, seed).
-        seed: seed of the sampling generator (reproducible samples); None draws from torch's global RNG.
+        seed: seed of the sampling generator (reproducible samples on one device: the CPU and CUDA draw
+            different random streams); None draws from torch's global RNG.
         stop_ids: ids that end a row (not included in its output).
         pad_id: padding id; it is never generated.
         prefix_lm: attend bidirectionally within the prompt (a prefix-LM model).

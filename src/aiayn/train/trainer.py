@@ -6,7 +6,7 @@ the trainer does everything else the same way for all of them:
     for each optimizer step:
         draw `accum` micro-batches (the data position is recorded after each)
         loss = sum over micro-batches of loss_sum / (target tokens in ALL micro-batches)
-        backward, clip, optimizer step, schedule step
+        backward, clip, optimizer step, schedule step (float16: with dynamic loss scaling)
         log; every `eval_every` steps evaluate, keep best and last checkpoints
 
 Dividing every micro-batch's summed loss by the token count of the whole accumulated batch makes k
@@ -165,6 +165,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     elif cfg.schedule == "warmup_cosine":
         sched_kw.update(total=cfg.max_steps, min_ratio=cfg.min_lr_ratio)
     scheduler = build_scheduler(optimizer, cfg.schedule, **sched_kw)
+    # float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none
+    scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=cfg.dtype == "float16")
 
     step, position, best, elapsed_before = 0, None, None, 0.0
     if resume:
@@ -183,6 +185,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         # cosine decay); only its position comes from the checkpoint
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         step, position, best = state["step"], state["position"], state["best"]
+        if scaler.is_enabled() and "grad_scaler" in state:
+            scaler.load_state_dict(state["grad_scaler"])
         elapsed_before = state.get("elapsed", 0.0)
         restore_rng(state["rng_by_rank"][ranks.rank] if ranks.world > 1 else state["rng"])
     else:
@@ -206,6 +210,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         if with_state:
             state = {"step": step, "position": position, "best": best, "world_size": ranks.world,
                      "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg))}
+            if scaler.is_enabled():
+                state["grad_scaler"] = scaler.state_dict()
             if ranks.world > 1:
                 state["rng_by_rank"] = rng_by_rank
         save_checkpoint(path, model, config_json, optimizer=optimizer if with_state else None,
@@ -233,7 +239,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         for batch in micro[ranks.rank::ranks.world]:
             with _autocast(cfg.dtype, model):
                 loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
-            (loss_sum / max(total_targets, 1)).backward()
+            scaler.scale(loss_sum / max(total_targets, 1)).backward()
             value = float(loss_sum.detach())
             loss_total += value
             nll_total += extra.get("nll", value)
@@ -242,9 +248,13 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
             stop = late > 0
         grad_norm = None
+        scaler.unscale_(optimizer)  # a no-op unless float16 loss scaling is on
         if cfg.clip_norm:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm))
-        optimizer.step()
+            if not math.isfinite(grad_norm):  # float16 overflow: the scaler skips this update and lowers its scale
+                grad_norm = None
+        scaler.step(optimizer)
+        scaler.update()
         scheduler.step()
         step += 1
         window["loss"] += loss_total
@@ -257,6 +267,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
                    "train_nll": window["nll"] / max(window["tokens"], 1),
                    "lr": optimizer.param_groups[0]["lr"], "tokens_per_s": window["tokens"] / (now - window["time"]),
                    "grad_norm": grad_norm, "elapsed_s": elapsed_before + now - t0}
+            if scaler.is_enabled():
+                rec["loss_scale"] = scaler.get_scale()
             log.log(rec)
             bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
