@@ -21,7 +21,7 @@ from aiayn.tasks.lm import TextCodec, generate_text
 from aiayn.tasks.registry import build_task, run_recipe, train_config
 from aiayn.tokenize import train_tokenizer
 from aiayn.train.recipe import load_recipe
-from aiayn.train.trainer import train
+from aiayn.train.trainer import pick_device, train
 
 WORDS = "the king and queen of a fair land walk to sea by night with their old dog".split()
 
@@ -171,7 +171,7 @@ def test_generate_cli_streams_and_is_reproducible(checkpoint: Path, capsys: pyte
 
     # on the device the command picked ("auto"): a seed fixes the samples of one device; CPU and CUDA draw
     # from different random streams
-    pre = load_pretrained(checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
+    pre = load_pretrained(checkpoint, device=pick_device("auto"))
     codec = TextCodec(pre.tokenizers["text"])
     streamed: list[str] = []
     [out] = generate_text(pre.model, codec, ["the king"], max_new_tokens=40, block_size=16, seed=3, top_k=5,

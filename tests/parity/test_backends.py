@@ -105,8 +105,8 @@ def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, de
     bias = _bias(bias_kind, s)
     q, k, v = torch.randn(B, H, T, DH), torch.randn(B, kv_heads, s, DH), torch.randn(B, kv_heads, s, DH)
     empty = _empty_rows(mask, is_causal, s).expand(B, H, T, DH).to(device)
-    if device != "cpu":  # the same inputs; the kernels are the device's own
-        mask, bias, q, k, v = (None if x is None else x.to(device) for x in (mask, bias, q, k, v))
+    # the same inputs on every device; the kernels are the device's own
+    mask, bias, q, k, v = (None if x is None else x.to(device) for x in (mask, bias, q, k, v))
     ref, ref_grads = _run("reference", q, k, v, mask, bias, is_causal)
     fused, fused_grads = _run("sdpa", q, k, v, mask, bias, is_causal)
     torch.testing.assert_close(fused, ref, atol=ATOL, rtol=0)
