@@ -71,11 +71,11 @@ def scaled_dot_product_attention(
         is_causal = False
     empty_rows = None
     if mask is not None:
-        empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1): rows with no allowed key
-        if not bool(empty_rows.any()):
-            empty_rows = None
-        else:  # let those rows attend everywhere (finite math, no NaN); their output is zeroed below
-            mask = mask | empty_rows
+        # (B|1, H|1, T, 1): rows with no allowed key. They attend everywhere (finite math, no NaN) and
+        # their output is zeroed below. Applied unconditionally: asking whether any row is empty would
+        # cost a host sync per call on a GPU, and both ops are tiny next to the attention itself.
+        empty_rows = ~mask.any(dim=-1, keepdim=True)
+        mask = mask | empty_rows
     k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
 
     if return_weights or backend == "reference":
