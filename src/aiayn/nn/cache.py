@@ -12,40 +12,69 @@ from torch import Tensor
 
 
 class SelfAttnCache:
-    """Preallocated (B, Hkv, capacity, Dh) keys and values of one layer; grows by doubling if needed."""
+    """Preallocated keys and values of one layer, stored time-major; grows by doubling if needed.
+
+    The buffers are (capacity, B, Hkv, Dh): the filled positions ``[:length]`` are one contiguous block, so beam
+    search's reordering of the batch rows (:meth:`reorder`, every step) is one ``index_select`` of exactly the
+    filled part into a spare buffer, which then becomes the cache: no temporary, no copy back, no work for the
+    unfilled capacity. Attention reads (B, Hkv, length, Dh) views of the same memory (strided, no copy).
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.k: Tensor | None = None
+        self.k: Tensor | None = None  # (capacity, B, Hkv, Dh)
         self.v: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder targets, same shape as k and v
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh)."""
+        """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
         b, h, t, d = k.shape
         end = self.length + t
         if self.k is None:
             cap = max(self.capacity, end)
-            self.k = k.new_empty(b, h, cap, d)
-            self.v = v.new_empty(b, h, cap, d)
-        elif end > self.k.shape[2]:  # grow: double the capacity
-            cap = max(2 * self.k.shape[2], end)
-            self.k = torch.cat([self.k, self.k.new_empty(b, h, cap - self.k.shape[2], d)], dim=2)
-            self.v = torch.cat([self.v, self.v.new_empty(b, h, cap - self.v.shape[2], d)], dim=2)
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
+            self.k = k.new_empty(cap, b, h, d)
+            self.v = v.new_empty(cap, b, h, d)
+        elif end > self.k.shape[0]:  # grow: double the capacity
+            cap = max(2 * self.k.shape[0], end)
+            self.k = torch.cat([self.k, self.k.new_empty(cap - self.k.shape[0], b, h, d)])
+            self.v = torch.cat([self.v, self.v.new_empty(cap - self.v.shape[0], b, h, d)])
+            self._spare = None
+        self.k[self.length:end] = k.permute(2, 0, 1, 3)
+        self.v[self.length:end] = v.permute(2, 0, 1, 3)
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.k[:end].permute(1, 2, 0, 3), self.v[:end].permute(1, 2, 0, 3)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions."""
+    def reorder(self, index: Tensor, flat_index: Tensor | None = None) -> None:
+        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions.
+
+        ``flat_index`` is :func:`time_major_index` of ``index`` for this cache's length and batch size, when the
+        caller already has it (a decoder reorders every layer with the same one).
+        """
         if self.k is None:
             return
         n, k, v = self.length, self.k, self.v
-        if index.shape[0] != k.shape[0]:  # the batch size changes; otherwise (beam reordering) reuse the buffers
-            self.k, self.v = k.new_empty(index.shape[0], *k.shape[1:]), v.new_empty(index.shape[0], *v.shape[1:])
-        self.k[:, :, :n] = k[:, :, :n].index_select(0, index)  # index_select copies before the buffer is written
-        self.v[:, :, :n] = v[:, :, :n].index_select(0, index)
+        b, b_new = k.shape[1], index.shape[0]
+        if self._spare is None or self._spare[0].shape[1] != b_new:
+            shape = (k.shape[0], b_new, *k.shape[2:])
+            self._spare = (k.new_empty(shape), v.new_empty(shape))
+        new_k, new_v = self._spare
+        if flat_index is None:
+            flat_index = time_major_index(index, n, b)
+        # rows of the (capacity * B, Hkv * Dh) views: one dim-0 index_select, which torch parallelizes and copies
+        # row by row (a dim-1 select of the (n, B, Hkv, Dh) block ran on one thread only)
+        for old, new in ((k, new_k), (v, new_v)):
+            torch.index_select(old.view(-1, old[0, 0].numel())[:n * b], 0, flat_index,
+                               out=new.view(-1, new[0, 0].numel())[:n * b_new])
+        self.k, self.v = new_k, new_v
+        # the old buffers become the next spare if the batch size did not change
+        self._spare = (k, v) if b == b_new else None
+
+
+def time_major_index(index: Tensor, length: int, batch: int) -> Tensor:
+    """Rows of a flattened (length, batch) time-major block that keep batch rows ``index`` (B',) long at every
+    position: (length * B',) long, ``t * batch + index[j]`` at ``t * B' + j``."""
+    return (torch.arange(length, device=index.device)[:, None] * batch + index).view(-1)
 
 
 class CrossAttnCache:
@@ -116,8 +145,10 @@ class DecoderCache:
         shared by ``group`` consecutive decoder rows (see :class:`CrossAttnCache`); None leaves the cross caches
         alone (rows reordered among those sharing one source sentence, whose projected memory is identical).
         """
-        for c in self.self_attn:
-            c.reorder(index)
+        filled = [c for c in self.self_attn if c.k is not None]
+        flat = time_major_index(index, filled[0].length, filled[0].k.shape[1]) if filled else None
+        for c in filled:
+            c.reorder(index, flat)
         if memory_index is not None:
             for c in self.cross_attn:
                 c.reorder(memory_index, group)

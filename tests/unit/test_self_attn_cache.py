@@ -1,0 +1,52 @@
+"""The time-major self-attention cache against a plain reference: appends, reorders and growth."""
+
+from __future__ import annotations
+
+import torch
+
+from aiayn.nn.cache import DecoderCache, SelfAttnCache, time_major_index
+
+
+def test_time_major_index_selects_rows_at_every_position() -> None:
+    index = torch.tensor([2, 0, 0])
+    got = time_major_index(index, length=2, batch=3)
+    assert got.tolist() == [2, 0, 0, 5, 3, 3]
+
+
+def test_appends_reorders_and_growth_match_a_reference() -> None:
+    """Keys/values read back equal the reference (B, H, S, Dh) tensors after every kind of row change."""
+    g = torch.Generator().manual_seed(0)
+    h, d = 2, 3
+    cache = SelfAttnCache(capacity=3)
+    ref_k = ref_v = None
+    batch = 4
+    plan = [  # (new positions, rows to keep afterwards or None)
+        (2, torch.tensor([1, 0, 3, 2])),  # permutation, same batch size
+        (1, torch.tensor([0, 0, 1, 1, 2, 2])),  # more rows (beam expansion); the capacity of 3 grows here
+        (1, torch.tensor([5, 4, 3, 2, 1, 0])),
+        (2, torch.tensor([1, 3])),  # fewer rows (finished sentences)
+        (1, torch.tensor([1, 1])),
+        (3, None),
+    ]
+    for t, index in plan:
+        k, v = torch.randn(batch, h, t, d, generator=g), torch.randn(batch, h, t, d, generator=g)
+        got_k, got_v = cache.append(k, v)
+        ref_k = k if ref_k is None else torch.cat([ref_k, k], 2)
+        ref_v = v if ref_v is None else torch.cat([ref_v, v], 2)
+        assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
+        if index is not None:
+            cache.reorder(index)
+            ref_k, ref_v = ref_k[index], ref_v[index]
+            batch = index.shape[0]
+    assert cache.length == ref_k.shape[2] == 10 and cache.k.shape[0] >= 10
+
+
+def test_decoder_cache_reorders_every_layer() -> None:
+    cache = DecoderCache(n_layers=2, capacity=4)
+    ks = [torch.randn(3, 1, 2, 4) for _ in cache.self_attn]
+    for c, k in zip(cache.self_attn, ks):
+        c.append(k, -k)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    for c, k in zip(cache.self_attn, ks):
+        got_k, got_v = c.append(torch.zeros(3, 1, 0, 4), torch.zeros(3, 1, 0, 4))
+        assert torch.equal(got_k, k[[2, 2, 0]]) and torch.equal(got_v, -k[[2, 2, 0]])
