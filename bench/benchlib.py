@@ -149,6 +149,18 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) 
     return "\n".join([line, sep, *body])
 
 
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or "" where unknown: hosts change between runs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
@@ -159,6 +171,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "loadavg_1m": round(load[0], 2),
     }
 
