@@ -18,6 +18,8 @@ class SelfAttnCache:
     search's reordering of the batch rows (:meth:`reorder`, every step) is one ``index_select`` of exactly the
     filled part into a spare buffer, which then becomes the cache: no temporary, no copy back, no work for the
     unfilled capacity. Attention reads (B, Hkv, length, Dh) views of the same memory (strided, no copy).
+    The price: while rows are reordered at a constant batch size (beam search), the spare doubles this layer's
+    cache memory; a reorder that changes the batch size keeps no spare.
     """
 
     def __init__(self, capacity: int) -> None:
