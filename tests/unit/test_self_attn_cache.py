@@ -22,8 +22,8 @@ def test_appends_reorders_and_growth_match_a_reference() -> None:
     batch = 4
     plan = [  # (new positions, rows to keep afterwards or None)
         (2, torch.tensor([1, 0, 3, 2])),  # permutation, same batch size
-        (1, torch.tensor([0, 0, 1, 1, 2, 2])),  # more rows (beam expansion); the capacity of 3 grows here
-        (1, torch.tensor([5, 4, 3, 2, 1, 0])),
+        (1, torch.tensor([0, 0, 1, 1, 2, 2])),  # more rows (beam expansion)
+        (1, torch.tensor([5, 4, 3, 2, 1, 0])),  # the capacity of 3 grows on this append
         (2, torch.tensor([1, 3])),  # fewer rows (finished sentences)
         (1, torch.tensor([1, 1])),
         (3, None),
