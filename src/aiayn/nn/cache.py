@@ -65,9 +65,9 @@ class SelfAttnCache:
             flat_index = time_major_index(index, n, b)
         # rows of the (capacity * B, Hkv * Dh) views: one dim-0 index_select, which torch parallelizes and copies
         # row by row (a dim-1 select of the (n, B, Hkv, Dh) block ran on one thread only)
+        width = k.shape[2] * k.shape[3]
         for old, new in ((k, new_k), (v, new_v)):
-            torch.index_select(old.view(-1, old[0, 0].numel())[:n * b], 0, flat_index,
-                               out=new.view(-1, new[0, 0].numel())[:n * b_new])
+            torch.index_select(old.view(-1, width)[:n * b], 0, flat_index, out=new.view(-1, width)[:n * b_new])
         self.k, self.v = new_k, new_v
         # the old buffers become the next spare if the batch size did not change
         self._spare = (k, v) if b == b_new else None
