@@ -13,12 +13,13 @@ Every system makes exactly ``out_len + 1`` decoder steps: aiayn gets a budget of
 is forced) and EOS is masked before that; HF gets ``min_new_tokens=out_len, max_new_tokens=out_len + 1`` (EOS
 forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out_len + 1``.
 
-CTranslate2 fp32 runs in two thread settings: like aiayn, one batch on all ``--threads`` threads
-(``intra_threads``), and as CTranslate2 recommends for throughput, ``--threads`` workers of one thread each
-(``inter_threads``) with the batch split into that many parts (``max_batch_size``; at batch 1 this is simply
-one thread). Which is faster depends on the host: on the 2-core Intel host of the twenty-third session the
-split setting was 2.3x faster at batch 32 and one thread 4x faster at batch 1, so ``ratio_vs_ct2_best_config``
-compares aiayn with the faster of the two; ``ratio_vs_ct2`` keeps the all-threads comparison.
+CTranslate2 runs in two thread settings, in fp32 and in int8 alike: like aiayn, one batch on all ``--threads``
+threads (``intra_threads``), and as CTranslate2 recommends for throughput, ``--threads`` workers of one thread each
+(``inter_threads``) with the batch split into that many parts (``max_batch_size``; at batch 1 this is simply one
+thread). Which is faster depends on the host: on the 2-core Intel host of the twenty-third session the split setting
+was 2.3x faster at batch 32 and one thread 4x faster at batch 1, so ``ratio_vs_ct2_best_config`` (and
+``int8_ratio_vs_ct2_int8_best_config``) compares aiayn with the faster of the two; ``ratio_vs_ct2`` (and
+``int8_ratio_vs_ct2_int8``) keeps the all-threads comparison.
 
 A last timed entry, ``matmul-floor``, runs only the decoder's per-step linear layers and the output layer on
 batch x beam rows for the same number of steps (:func:`benchlib.matmul_floor`): ``fp32_bound_vs_hf`` =
@@ -178,7 +179,7 @@ class EosMask:
 
 
 CONTENDERS = ("aiayn", "aiayn-int8", "transformers", "ctranslate2-float32", "ctranslate2-float32-parallel",
-              "ctranslate2-int8", "matmul-floor")
+              "ctranslate2-int8", "ctranslate2-int8-parallel", "matmul-floor")
 
 
 def make_runner(name: str, model: Any, size: Seq2SeqSize, batch: int, out_len: int, out: dict[str, Any],
@@ -244,8 +245,11 @@ def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list
     best = {k: min(v) for k, v in times.items()}  # best-of-N: host steal time only ever slows a run down
     nan = float("nan")
     ct2_f32, ct2_i8 = med.get("ctranslate2-float32", nan), med.get("ctranslate2-int8", nan)
-    ct2_configs = [med[k] for k in ("ctranslate2-float32", "ctranslate2-float32-parallel") if k in med]
-    ct2_best = min(ct2_configs) if ct2_configs else nan  # the faster of CTranslate2's two thread settings
+
+    def ct2_best(kind: str) -> float:  # the faster of CTranslate2's two thread settings
+        configs = [med[k] for k in (f"ctranslate2-{kind}", f"ctranslate2-{kind}-parallel") if k in med]
+        return min(configs) if configs else nan
+
     return {
         "size": size.name, "batch": batch, "src_len": src_len, "steps": out_len + 1,
         "aiayn_sent_s": batch / med["aiayn"], "hf_sent_s": batch / med["transformers"],
@@ -253,10 +257,12 @@ def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list
         "ct2_sent_s": batch / ct2_f32, "ratio_vs_ct2": ct2_f32 / med["aiayn"],
         "best_ratio_vs_ct2": best.get("ctranslate2-float32", nan) / best["aiayn"],
         "ct2_parallel_sent_s": batch / med.get("ctranslate2-float32-parallel", nan),
-        "ratio_vs_ct2_best_config": ct2_best / med["aiayn"],
+        "ratio_vs_ct2_best_config": ct2_best("float32") / med["aiayn"],
         "aiayn_int8_sent_s": batch / med["aiayn-int8"], "ct2_int8_sent_s": batch / ct2_i8,
         "int8_ratio_vs_hf": med["transformers"] / med["aiayn-int8"],
         "int8_ratio_vs_ct2_int8": ct2_i8 / med["aiayn-int8"],
+        "ct2_int8_parallel_sent_s": batch / med.get("ctranslate2-int8-parallel", nan),
+        "int8_ratio_vs_ct2_int8_best_config": ct2_best("int8") / med["aiayn-int8"],
         "floor_ms_per_step": 1e3 * med["matmul-floor"] / (out_len + 1),
         "fp32_bound_vs_hf": med["transformers"] / med["matmul-floor"],
         "out_lengths": lengths, "times": times,
@@ -363,8 +369,8 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
 
 COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct2_sent_s", "ratio_vs_hf",
            "ratio_vs_ct2", "best_ratio_vs_ct2", "ct2_parallel_sent_s", "ratio_vs_ct2_best_config",
-           "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf",
-           "int8_ratio_vs_ct2_int8", "floor_ms_per_step", "fp32_bound_vs_hf"]
+           "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf", "int8_ratio_vs_ct2_int8",
+           "ct2_int8_parallel_sent_s", "int8_ratio_vs_ct2_int8_best_config", "floor_ms_per_step", "fp32_bound_vs_hf"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:

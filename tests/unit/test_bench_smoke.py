@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 
 pytest.importorskip("transformers")
 import ab_revisions  # noqa: E402
+import allocator as allocator_bench  # noqa: E402
 import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
@@ -87,6 +88,8 @@ def test_translate_bench_forces_equal_lengths() -> None:
     if HAS_CT2:
         assert row["out_lengths"]["ctranslate2-float32"] == [5] and row["out_lengths"]["ctranslate2-int8"] == [5]
         assert row["ct2_sent_s"] > 0 and row["ct2_int8_sent_s"] > 0
+        assert row["out_lengths"]["ctranslate2-int8-parallel"] == [5] and row["ct2_int8_parallel_sent_s"] > 0
+        assert row["int8_ratio_vs_ct2_int8_best_config"] <= row["int8_ratio_vs_ct2_int8"]  # the faster setting
     else:
         assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
 
@@ -231,3 +234,11 @@ def test_output_layer_bench_times_every_variant_and_decodes_the_same() -> None:
     assert kernel["row_major_ms"] > 0 and kernel["column_major_ms"] > 0 and kernel["packed_ms"] > 0
     (row,) = output_layer.decode_rows((2,), 4, runs=1, size=TINY_LM)
     assert row["same_output"] and row["speedup"] > 0
+
+
+def test_allocator_bench_times_both_settings_in_fresh_processes() -> None:
+    out = allocator_bench.main(["--quick", "--rounds", "1", "--runs", "1", "--workloads", "beam-paper-base"])
+    assert out is not None
+    (row,) = out["rows"]
+    assert row["impl"] == "aiayn" and row["default_s"] > 0 and row["kept_s"] > 0
+    assert {k: len(v) for k, v in row["times"].items()} == {"default": 1, "kept": 1}

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from aiayn import allocator
 from aiayn.errors import AiaynError
 
 TIMEOUT = datetime.timedelta(hours=3)  # a rank waits this long for rank 0's evaluations and checkpoints
@@ -156,9 +157,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+def _worker(local_rank: int, nproc: int, port: int, keep_freed: bool, fn: Callable[..., Any], args: tuple,
+            kwargs: dict) -> None:
     os.environ.update({"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nproc),
                        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    if keep_freed:  # as the launching process does (see aiayn.allocator)
+        allocator.keep_freed_memory()
     try:
         fn(*args, **kwargs)
     except AiaynError as e:
@@ -173,6 +177,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, **kwargs: Any) -> Non
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new processes on this machine that form one process group.
 
     ``fn`` must be importable (a module-level function); it joins the group with :func:`init_from_env`.
+    The processes keep freed memory (:func:`aiayn.allocator.keep_freed_memory`) if this one does.
     A failure in any rank stops the others and raises :class:`AiaynError`.
     """
     if nproc < 1:
@@ -180,7 +185,8 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, **kwargs: Any) -> Non
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(_worker, args=(nproc, free_port(), fn, args, kwargs), nprocs=nproc, start_method="spawn")
+        mp.start_processes(_worker, args=(nproc, free_port(), allocator.keeps_freed_memory(), fn, args, kwargs),
+                           nprocs=nproc, start_method="spawn")
     except mp.ProcessExitedException as e:
         raise AiaynError(f"rank {e.error_index} of {nproc} stopped with exit code {e.exit_code} "
                          "(its message is above); the other ranks were stopped") from None

@@ -1,0 +1,70 @@
+"""Keep freed memory in the process on glibc hosts, so the large tensors a CPU training step reallocates every
+step stop costing a page fault per 4 KiB.
+
+glibc's ``malloc`` hands every block of at least ``M_MMAP_THRESHOLD`` (128 KiB at start, rising to at most 32 MiB
+as large blocks are freed) its own ``mmap`` and unmaps it on ``free``. PyTorch's CPU allocator calls ``malloc``
+for every tensor, and a training step allocates the same large tensors again each step: at GPT-2 small's 50257 x
+768 the tied output layer's gradients (154 MB each: the projection's, the embedding's and their sum), the loss's
+logits chunks, the activations. So every step the kernel maps, zero-fills and faults them in again, page by page:
+177,000 minor faults (about 700 MB) per GPT-2-small step in the twenty-fourth session, and the same step was
+12-20% faster once they were gone (docs/BENCHMARKS.md, ``bench/allocator.py``). Transparent huge pages
+(``THP_MEM_ALLOC_ENABLE=1``) cut the number of faults but not the zero-filling, and were no faster.
+
+:func:`keep_freed_memory` sets ``M_MMAP_MAX`` to 0 (large blocks come from the heap like small ones) and
+``M_TRIM_THRESHOLD`` to its maximum (the heap is never shrunk), so freed blocks stay in the process and the next
+step reuses them. ``mallopt`` cannot raise ``M_MMAP_THRESHOLD`` above 32 MiB, which is why the count of mmaps is set
+instead. glibc still uses ``mmap`` when the heap cannot grow, and for blocks larger than a thread arena's 64 MiB
+heaps, so no allocation fails because of this. The price: the process keeps its peak memory (RSS stays where it
+was after big tensors are freed), as PyTorch's CUDA caching allocator does on the GPU.
+
+The ``aiayn`` command applies it in its process unless the environment sets ``AIAYN_KEEP_FREED_MEMORY=0``, and
+:func:`aiayn.train.distributed.launch` applies it in the workers it starts when their parent has it. The library
+never applies it by itself: it changes the whole process, so Python users call :func:`keep_freed_memory` once at
+start-up. Elsewhere than glibc (macOS, Windows, musl) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+ENV_VAR = "AIAYN_KEEP_FREED_MEMORY"  # "0" turns the aiayn command's call off
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_INT_MAX = 2**31 - 1
+_applied = False
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of any size for reuse (see the module docstring); idempotent.
+
+    Returns:
+        True when the setting is in effect (glibc), False where it does not apply (nothing is changed).
+    """
+    global _applied
+    if _applied:
+        return True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success; trim first so that a failure leaves large blocks mmapped as before
+    _applied = bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX)) and bool(mallopt(_M_MMAP_MAX, 0))
+    return _applied
+
+
+def keeps_freed_memory() -> bool:
+    """Whether :func:`keep_freed_memory` is in effect in this process."""
+    return _applied
+
+
+def keep_freed_memory_unless_disabled() -> bool:
+    """:func:`keep_freed_memory`, unless the environment sets ``AIAYN_KEEP_FREED_MEMORY=0`` (then False)."""
+    if os.environ.get(ENV_VAR, "1").strip() == "0":
+        return False
+    return keep_freed_memory()
