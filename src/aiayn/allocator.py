@@ -6,9 +6,10 @@ as large blocks are freed) its own ``mmap`` and unmaps it on ``free``. PyTorch's
 for every tensor, and a training step allocates the same large tensors again each step: at GPT-2 small's 50257 x
 768 the tied output layer's gradients (154 MB each: the projection's, the embedding's and their sum), the loss's
 logits chunks, the activations. So every step the kernel maps, zero-fills and faults them in again, page by page:
-177,000 minor faults (about 700 MB) per GPT-2-small step in the twenty-fourth session, and the same step was
-12-20% faster once they were gone (docs/BENCHMARKS.md, ``bench/allocator.py``). Transparent huge pages
-(``THP_MEM_ALLOC_ENABLE=1``) cut the number of faults but not the zero-filling, and were no faster.
+about 200,000 minor faults (0.8 GB) per GPT-2-small step in the twenty-fourth session; without them its training
+steps were 1.14x faster, and paper-base encoder-decoder steps 1.19x (``bench/allocator.py``, docs/BENCHMARKS.md).
+Transparent huge pages (``THP_MEM_ALLOC_ENABLE=1``) cut the number of faults but not the zero-filling, and were no
+faster.
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX`` to 0 (large blocks come from the heap like small ones) and
 ``M_TRIM_THRESHOLD`` to its maximum (the heap is never shrunk), so freed blocks stay in the process and the next
