@@ -67,3 +67,18 @@ def test_idempotent_and_truthful():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
     assert allocator.ENV_VAR == "AIAYN_KEEP_FREED_MEMORY"
+
+
+@glibc
+def test_the_command_applies_it_unless_disabled(tmp_path):
+    code = ("import sys; from aiayn.cli.main import main; from aiayn import allocator; "
+            f"rc = main(['classify', '--checkpoint', {str(tmp_path / 'missing')!r}]); "
+            "print(rc, allocator.keeps_freed_memory())")
+
+    def run(env: dict[str, str]) -> str:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env})
+        return out.stdout.strip().splitlines()[-1]
+
+    assert run({}) == "2 True"  # a user error (no such checkpoint), after the command set the allocator up
+    assert run({"AIAYN_KEEP_FREED_MEMORY": "0"}) == "2 False"
