@@ -14,7 +14,7 @@ Workloads (``train_throughput.py``'s and ``translate_beam.py``'s, same shapes):
   transformers' Marian;
 - ``beam-paper-base``: one beam-4 decode of 32 sentences at paper-base size, aiayn only.
 
-    .venv/bin/python bench/allocator.py            # about 6 minutes on 2 cores
+    .venv/bin/python bench/allocator.py            # about 5 minutes on 2 cores
     .venv/bin/python bench/allocator.py --quick
 """
 
