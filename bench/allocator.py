@@ -40,6 +40,11 @@ WORKLOADS = {
 SETTINGS = ("default", "kept")
 
 
+def implementations(workload: str) -> list[str]:
+    """aiayn's implementation name in ``workload``, then the peer's if it has one."""
+    return [impl for impl in WORKLOADS[workload][1:] if impl]
+
+
 def build_unit(workload: str, impl: str, quick: bool) -> Any:
     """A zero-argument callable: one training step or one decode of ``impl`` in ``workload``."""
     setup = WORKLOADS[workload][0]
@@ -70,12 +75,8 @@ def child(workload: str, impl: str, setting: str, runs: int, quick: bool, thread
     unit = build_unit(workload, impl, quick)
     unit()  # warm-up: twice, so that the heap has grown to its steady size before the timed runs
     unit()
-    times = []
     faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        unit()
-        times.append(time.perf_counter() - t0)
+    times = benchlib.alternate({impl: unit}, runs=runs, warmup=0)[impl]
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / runs
     result = {"times": times, "faults_per_unit": faults, "peak_rss_mb": benchlib.peak_rss_mb(), "applied": applied}
     print(json.dumps(result))
@@ -99,8 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     raw: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in range(args.rounds):
         for workload in args.workloads:
-            impls = [i for i in WORKLOADS[workload][1:] if i]
-            for impl in impls:
+            for impl in implementations(workload):
                 for setting in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
                     cmd = [sys.executable, __file__, "--child", workload, impl, setting, "--runs", str(runs),
                            "--threads", str(args.threads), *(["--quick"] if args.quick else [])]
@@ -111,10 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for workload in args.workloads:
         _, ours, peer = WORKLOADS[workload]
         med = {(impl, s): benchlib.median([t for res in raw[(workload, impl, s)] for t in res["times"]])
-               for impl in (ours, peer) if impl for s in SETTINGS}
-        for impl in (ours, peer):
-            if not impl:
-                continue
+               for impl in implementations(workload) for s in SETTINGS}
+        for impl in implementations(workload):
             runs_of = {s: raw[(workload, impl, s)] for s in SETTINGS}
             row = {"workload": workload, "impl": impl,
                    "default_s": med[(impl, "default")], "kept_s": med[(impl, "kept")],
