@@ -16,12 +16,17 @@ faster.
 step reuses them. ``mallopt`` cannot raise ``M_MMAP_THRESHOLD`` above 32 MiB, which is why the count of mmaps is set
 instead. glibc still uses ``mmap`` when the heap cannot grow, and for blocks larger than a thread arena's 64 MiB
 heaps, so no allocation fails because of this. The price: the process keeps its peak memory (RSS stays where it
-was after big tensors are freed), as PyTorch's CUDA caching allocator does on the GPU.
+was after big tensors are freed), as PyTorch's CUDA caching allocator does on the GPU. The heap also takes a few
+rounds to settle: small allocations are carved out of a freed block, and PyTorch's 64-byte-aligned requests then no
+longer fit in the rest, so the heap grows by another block until freed blocks lie side by side and merge (a 64 MiB
+tensor reallocated in a loop: 1 to 5 blocks, settled by the 6th round here; peak RSS of a GPT-2-small training step
+rose 2%, docs/BENCHMARKS.md).
 
 The ``aiayn`` command applies it in its process unless the environment sets ``AIAYN_KEEP_FREED_MEMORY=0``, and
 :func:`aiayn.train.distributed.launch` applies it in the workers it starts when their parent has it. The library
 never applies it by itself: it changes the whole process, so Python users call :func:`keep_freed_memory` once at
-start-up. Elsewhere than glibc (macOS, Windows, musl) it does nothing.
+start-up. Elsewhere than glibc (macOS, Windows, musl), and where another malloc is interposed with ``LD_PRELOAD``
+(jemalloc, tcmalloc), it does nothing and returns False.
 """
 
 from __future__ import annotations
@@ -53,10 +58,24 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
+    if not malloc_is_glibcs():
+        return False  # an interposed malloc (LD_PRELOAD of jemalloc, tcmalloc, ...) would ignore glibc's settings
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; trim first so that a failure leaves large blocks mmapped as before
     _applied = bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX)) and bool(mallopt(_M_MMAP_MAX, 0))
     return _applied
+
+
+def malloc_is_glibcs() -> bool:
+    """Whether the ``malloc`` this process calls is glibc's own, not one interposed by ``LD_PRELOAD`` (jemalloc,
+    tcmalloc, a tracer): the symbol found in the process's global scope is the one libc defines. False off glibc."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        process, libc = ctypes.CDLL(None), ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.cast(process.malloc, ctypes.c_void_p).value == ctypes.cast(libc.malloc, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return False
 
 
 def keeps_freed_memory() -> bool:

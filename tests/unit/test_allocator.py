@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,28 +18,53 @@ import pytest
 glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                            reason="the setting exists only for glibc's malloc")
 
-# Allocates and frees a 64 MiB tensor (each filled, so every page is touched) 3 times to warm up, then 8 more times,
-# and reports the median of those 8 counts of minor page faults: with glibc's defaults each allocation is a fresh
-# mmap, faulted in page by page (16384 faults); with the setting the heap block is reused. (The heap may still grow
-# once in a while, e.g. when the thread pool starting up allocates beside the tensor, hence the median.)
+# Allocates and frees a 64 MiB tensor (each filled, so every page is touched) 32 times and counts each time's minor
+# page faults. With glibc's defaults each allocation is a fresh mmap, faulted in page by page (16384 faults). With the
+# setting the block comes from the heap, but the heap grows a few times before it settles: between one free and the
+# next allocation small allocations are carved out of the freed block, and torch's posix_memalign asks for 96 bytes
+# more than a block, so the rest no longer fits and the heap grows by another block (each one faulted in), until
+# freed blocks lie side by side and merge. Seen here: 1 to 5 blocks, settled by the 6th allocation, depending on the
+# process's layout (its environment, the path it runs from); a clean-clone CI run was still growing at the 11th.
+# So the verdict is on the last 8 of the 32, after the heap settled. The probe also reports what glibc itself says
+# of the block (the bytes in mmapped blocks that its free released, from mallinfo2), the addresses the last 8 tensors
+# had and the environment that could change malloc, so that a failure explains itself.
 PROBE = textwrap.dedent("""
-    import json, resource, sys
+    import ctypes, json, os, resource, statistics, sys
     import torch
     from aiayn import allocator
     applied = {"keep": allocator.keep_freed_memory, "env": allocator.keep_freed_memory_unless_disabled,
                "none": lambda: False}[sys.argv[1]]()
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+    mallinfo2 = getattr(ctypes.CDLL(None), "mallinfo2", None)  # glibc >= 2.33
+    if mallinfo2 is not None:
+        mallinfo2.restype = MallInfo2
+
     def fill():
-        torch.empty(16 * 2**20).fill_(1.0)  # 64 MiB of float32
-    for _ in range(3):
-        fill()
-    counts = []
-    for _ in range(8):
+        x = torch.empty(16 * 2**20).fill_(1.0)  # 64 MiB of float32
+        alive = mallinfo2().hblkhd if mallinfo2 is not None else 0
+        pointer = x.data_ptr()
+        del x
+        return pointer, alive - (mallinfo2().hblkhd if mallinfo2 is not None else 0)
+
+    counts, pointers, unmapped = [], [], []
+    for _ in range(32):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        fill()
+        pointer, released = fill()
         counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    faults = sorted(counts)[4]
-    print(json.dumps({"applied": applied, "state": allocator.keeps_freed_memory(), "faults": faults}))
+        pointers.append(pointer)
+        unmapped.append(released)
+    print(json.dumps({
+        "applied": applied, "state": allocator.keeps_freed_memory(), "glibc_malloc": allocator.malloc_is_glibcs(),
+        "faults": statistics.median(counts[-8:]), "faulted_at": [i for i, n in enumerate(counts) if n > 8000],
+        "last_addresses": sorted({hex(p) for p in pointers[-8:]}),
+        "unmapped_on_free": None if mallinfo2 is None else min(unmapped[-8:]),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("LD_", "MALLOC", "GLIBC_"))}}))
 """)
+MIB64 = 64 * 2**20
 
 
 def _probe(mode: str, env: dict[str, str] | None = None) -> dict:
@@ -47,12 +73,51 @@ def _probe(mode: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _glibc_malloc_probes() -> tuple[dict, dict]:
+    default, kept = _probe("none"), _probe("keep")
+    if not default["glibc_malloc"]:
+        assert not kept["applied"] and not kept["state"], kept  # an interposed malloc: the setting must not claim
+        pytest.skip(f"this process's malloc is not glibc's (interposed): {default['env']}")
+    if default["unmapped_on_free"] is None:
+        pytest.skip("glibc older than 2.33 has no mallinfo2")
+    return default, kept
+
+
+@glibc
+def test_large_blocks_come_from_the_heap_and_are_reused():
+    """What glibc does with the block, which is what the setting controls: by default a 64 MiB block is mmapped (and
+    unmapped on free); with the setting it is carved from the heap and stays there when freed."""
+    default, kept = _glibc_malloc_probes()
+    assert not default["state"] and kept["applied"] and kept["state"]
+    assert default["unmapped_on_free"] >= MIB64, default
+    assert kept["unmapped_on_free"] == 0, kept
+
+
 @glibc
 def test_reallocation_faults_disappear():
-    default, kept = _probe("none"), _probe("keep")
-    assert not default["state"] and kept["applied"] and kept["state"]
-    assert default["faults"] > 8000  # 16384 pages of 4 KiB per 64 MiB, less any huge pages
-    assert kept["faults"] < 100
+    """What the user gains: with the block reused, the kernel has no pages to fault in again."""
+    default, kept = _glibc_malloc_probes()
+    assert default["faults"] > 8000, default  # 16384 pages of 4 KiB per 64 MiB, less any huge pages
+    if kept["faults"] >= 100 and kept["unmapped_on_free"] == 0 and len(kept["last_addresses"]) <= 2:
+        # glibc kept the block on the heap and handed the same one or two back (the test above), yet its pages
+        # faulted in again: something under malloc (the kernel, a sandbox) drops them. Nothing this setting can
+        # change; say what was seen. (A heap still growing shows new addresses and fails below.)
+        pytest.skip(f"this host faults reused heap pages in again: {kept}")
+    assert kept["faults"] < 100, kept
+
+
+@glibc
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build an interposing malloc")
+def test_an_interposed_malloc_is_left_alone(tmp_path):
+    """Under LD_PRELOAD of another malloc (jemalloc, tcmalloc, a tracer) glibc's settings would do nothing, so the
+    setting says so instead of claiming to be in effect."""
+    source = tmp_path / "shim.c"
+    source.write_text("#include <stddef.h>\nextern void *__libc_malloc(size_t);\n"
+                      "void *malloc(size_t n) { return __libc_malloc(n); }\n")
+    shim = tmp_path / "shim.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(source)], check=True, capture_output=True)
+    interposed = _probe("keep", {"LD_PRELOAD": str(shim)})
+    assert not interposed["glibc_malloc"] and not interposed["applied"] and not interposed["state"], interposed
 
 
 @glibc
