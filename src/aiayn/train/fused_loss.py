@@ -12,11 +12,19 @@ touches the logits: it is a rank-1 correction of each gradient. Rows whose label
 logits at all. Same FLOPs as the plain path (three matmuls) or fewer, a fraction of the memory traffic, and
 memory bounded by two chunks of logits.
 
+On CPU the two chunk buffers are a workspace kept from one call to the next (per thread; :func:`release_workspace`
+frees it), and backward scales the precomputed gradients in place and hands them over: glibc ``mmap``s every fresh
+block above 32 MiB and zero-fills its pages on first touch, so at GPT-2 small's vocabulary the fresh buffers, the
+scaled copy of the (V, D) gradient and the clone autograd made of it while ``ctx`` still held it cost 90,000 page
+faults (0.35 GB) per step. Accelerators have caching allocators and get fresh buffers.
+
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import Tensor
@@ -29,6 +37,28 @@ CHUNK_ELEMENTS = 1 << 26
 #: large chunk at d_model 128-768 (bench/cpu_train_kernels.py), clearly better than fewer rows (64 rows starve the
 #: matmuls at d_model 512: 1.34x slower), and it bounds the logits in memory to 512 x V
 CPU_CHUNK_ROWS = 512
+
+
+_cpu_workspace = threading.local()  # .buffer: a 1-D float32 CPU tensor, as large as the largest call needed
+
+
+def _chunk_buffers(rows: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Two (rows, vocab) float32 buffers for the logits and their log-softmax: views of this thread's CPU workspace,
+    grown when too small; fresh tensors elsewhere."""
+    if device.type != "cpu":
+        return tuple(torch.empty(2, rows, vocab, dtype=torch.float32, device=device))
+    numel = 2 * rows * vocab
+    buffer = getattr(_cpu_workspace, "buffer", None)
+    if buffer is None or buffer.numel() < numel:
+        _cpu_workspace.buffer = None  # free the old one first: the peak stays at the new size
+        _cpu_workspace.buffer = buffer = torch.empty(numel, dtype=torch.float32)
+    return tuple(buffer[:numel].view(2, rows, vocab))
+
+
+def release_workspace() -> None:
+    """Free this thread's CPU workspace (two chunks of logits: 206 MB at GPT-2 small's vocabulary), e.g. when a
+    process stops training and goes on with other work; the next call allocates it again."""
+    _cpu_workspace.buffer = None
 
 
 class _LinearSmoothedNLL(torch.autograd.Function):
@@ -53,9 +83,8 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             w_smooth = weight.float().sum(0)  # (D,)
             if ignore_vocab_id is not None:
                 w_smooth = w_smooth - weight[ignore_vocab_id].float()
-        # two (n, V) float32 buffers reused by every chunk: fresh chunk-sized allocations cost page faults on CPU
-        logits_buffer, logp_buffer = torch.empty(2, min(chunk_rows, h_kept.shape[0]), weight.shape[0],
-                                                 dtype=torch.float32, device=h.device)
+        # two (n, V) float32 buffers reused by every chunk (and on CPU by every call): fresh ones cost page faults
+        logits_buffer, logp_buffer = _chunk_buffers(min(chunk_rows, h_kept.shape[0]), weight.shape[0], h.device)
         for start in range(0, h_kept.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             hc, label = h_kept[rows], labels_kept[rows]  # (n, D), (n, 1)
@@ -97,15 +126,25 @@ class _LinearSmoothedNLL(torch.autograd.Function):
         # gradients of the loss sum, already complete: backward only scales them (they are not inputs or outputs,
         # so they live on ctx rather than in save_for_backward)
         ctx.grad_h = grad_h
-        ctx.grad_w, ctx.weight_dtype = grad_w, weight.dtype
+        ctx.grad_w, ctx.weight_dtype, ctx.handed_over = grad_w, weight.dtype, False
         n_tokens = torch.tensor(kept.shape[0], device=h.device)
         ctx.mark_non_differentiable(nll_sum, n_tokens)
         return loss_sum, nll_sum, n_tokens
 
     @staticmethod
     def backward(ctx, g_loss: Tensor, _g_nll: Tensor, _g_n: Tensor):  # type: ignore[override]
-        dh = None if ctx.grad_h is None else ctx.grad_h * g_loss.to(ctx.grad_h.dtype)
-        dw = None if ctx.grad_w is None else (ctx.grad_w * g_loss).to(ctx.weight_dtype)
+        if ctx.handed_over:
+            raise RuntimeError("linear_label_smoothed_nll: backward ran twice through the same loss; its gradients "
+                               "were handed over the first time (retain_graph does not keep them). Compute the loss "
+                               "again for a second backward.")
+        # scale in place and drop ctx's references, so that autograd takes the tensors as they are: with ctx still
+        # holding the (V, D) gradient it would clone it (another 154 MB at GPT-2 small's vocabulary)
+        grad_h, grad_w = ctx.grad_h, ctx.grad_w
+        ctx.grad_h = ctx.grad_w = None
+        ctx.handed_over = True
+        dh = None if grad_h is None else grad_h.mul_(g_loss.to(grad_h.dtype))
+        dw = None if grad_w is None else grad_w.mul_(g_loss).to(ctx.weight_dtype)
+        del grad_h, grad_w
         return dh, dw, None, None, None, None
 
 
