@@ -210,6 +210,7 @@ def test_cpu_train_kernels_bench_runs() -> None:
     out = cpu_train_kernels.bench_kernels(quick=True, runs=1)
     (row,) = out["rows"]
     assert row["dropout_speedup"] > 0 and row["loss_512_rows_ms"] > 0 and row["loss_one_chunk_ms"] > 0
+    assert row["loss_512_rows_faults"] >= 0
 
 
 def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
