@@ -284,3 +284,20 @@ def test_bad_text_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFi
     missing = tmp_path / "none"
     assert main(["generate", "--checkpoint", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, monkeypatch) -> None:
+    """The fused loss keeps its CPU chunk buffers between steps; when training ends they are freed."""
+    from aiayn.train import fused_loss
+
+    sizes = []
+    real = fused_loss._chunk_buffers
+
+    def recording(rows, vocab, device):
+        sizes.append((rows, vocab))
+        return real(rows, vocab, device)
+
+    monkeypatch.setattr(fused_loss, "_chunk_buffers", recording)
+    run_recipe(_recipe(tmp_path, corpus, "workspace"), [])
+    assert sizes  # training went through the fused loss and its workspace ...
+    assert getattr(fused_loss._cpu_workspace, "buffer", None) is None  # ... and gave it back at the end

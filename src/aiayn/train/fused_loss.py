@@ -13,10 +13,11 @@ logits at all. Same FLOPs as the plain path (three matmuls) or fewer, a fraction
 memory bounded by two chunks of logits.
 
 On CPU the two chunk buffers are a workspace kept from one call to the next (per thread; :func:`release_workspace`
-frees it), and backward scales the precomputed gradients in place and hands them over: glibc ``mmap``s every fresh
-block above 32 MiB and zero-fills its pages on first touch, so at GPT-2 small's vocabulary the fresh buffers, the
-scaled copy of the (V, D) gradient and the clone autograd made of it while ``ctx`` still held it cost 90,000 page
-faults (0.35 GB) per step. Accelerators have caching allocators and get fresh buffers.
+frees it, and ``aiayn.train.trainer.train`` calls it when training ends), and backward scales the precomputed
+gradients in place and hands them over. glibc ``mmap``s every fresh block above 32 MiB and the kernel zero-fills
+its pages on first touch: at GPT-2 small's vocabulary the fresh buffers, the scaled copy of the (V, D) gradient
+and the clone autograd made of it while ``ctx`` still held it cost about 90,000 page faults (0.37 GB) per step.
+Accelerators have caching allocators and get fresh buffers.
 
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).

@@ -32,6 +32,7 @@ from torch import nn
 from tqdm import tqdm
 
 from aiayn.errors import AiaynError
+from aiayn.train import fused_loss
 from aiayn.train.checkpoint import (
     capture_rng,
     keep_last,
@@ -290,6 +291,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         if evaluate or periodic:
             ranks.barrier()
     bar.close()
+    fused_loss.release_workspace()  # the CPU loss buffers (206 MB at GPT-2 small's vocabulary) are not needed now
     rng_by_rank = gather_rng()
     if ranks.main:
         with _all_cores(ranks, on_cpu):
