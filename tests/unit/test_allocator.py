@@ -24,7 +24,8 @@ glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0
 # next allocation small allocations are carved out of the freed block, and torch's posix_memalign asks for 96 bytes
 # more than a block, so the rest no longer fits and the heap grows by another block (each one faulted in), until
 # freed blocks lie side by side and merge. Seen here: 1 to 5 blocks, settled by the 6th allocation, depending on the
-# process's layout (its environment, the path it runs from); a clean-clone CI run was still growing at the 11th.
+# process's layout (its environment, the path it runs from); in a clean-clone CI run the median of the 4th to
+# the 11th still took a whole block of faults.
 # So the verdict is on the last 8 of the 32, after the heap settled. The probe also reports what glibc itself says
 # of the block (the bytes in mmapped blocks that its free released, from mallinfo2), the addresses the last 8 tensors
 # had and the environment that could change malloc, so that a failure explains itself.
