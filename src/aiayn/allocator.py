@@ -51,31 +51,33 @@ def keep_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc_whose_malloc_this_process_calls()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    if not malloc_is_glibcs():
-        return False  # an interposed malloc (LD_PRELOAD of jemalloc, tcmalloc, ...) would ignore glibc's settings
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; trim first so that a failure leaves large blocks mmapped as before
     _applied = bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX)) and bool(mallopt(_M_MMAP_MAX, 0))
     return _applied
 
 
-def malloc_is_glibcs() -> bool:
-    """Whether the ``malloc`` this process calls is glibc's own, not one interposed by ``LD_PRELOAD`` (jemalloc,
-    tcmalloc, a tracer): the symbol found in the process's global scope is the one libc defines. False off glibc."""
+def _glibc_whose_malloc_this_process_calls() -> ctypes.CDLL | None:
+    """glibc, loaded, when it is this process's C library and its ``malloc`` is the one the process calls (the
+    symbol in the process's global scope is libc's own, not one interposed by ``LD_PRELOAD``); else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
+        return None
     try:
         process, libc = ctypes.CDLL(None), ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return ctypes.cast(process.malloc, ctypes.c_void_p).value == ctypes.cast(libc.malloc, ctypes.c_void_p).value
+        same = ctypes.cast(process.malloc, ctypes.c_void_p).value == ctypes.cast(libc.malloc, ctypes.c_void_p).value
+        return libc if same and hasattr(libc, "mallopt") else None
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def malloc_is_glibcs() -> bool:
+    """Whether the ``malloc`` this process calls is glibc's own, not one interposed by ``LD_PRELOAD`` (jemalloc,
+    tcmalloc, a tracer). False off glibc."""
+    return _glibc_whose_malloc_this_process_calls() is not None
 
 
 def keeps_freed_memory() -> bool:
