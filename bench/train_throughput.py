@@ -22,7 +22,13 @@ matmul, as :mod:`matmul_peak`, timed in the same alternating rounds so it sees t
 target tokens. Peak memory: each configuration trains 2 steps in its own
 subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports.
 
+``--dtype bfloat16`` runs every implementation with mixed precision (forward and loss under
+``torch.autocast("cpu", bfloat16)``, float32 weights, gradients and Adam), and MFU against a bf16 2048^3 matmul
+(on CPUs with AMX, several times the fp32 peak). aiayn's fused projection + loss follows autocast, and on CPU its
+attention trains in float32 (torch's CPU flash kernel is slower in bf16 with a backward); the peers run as they are.
+
     .venv/bin/python bench/train_throughput.py
+    .venv/bin/python bench/train_throughput.py --dtype bfloat16
     .venv/bin/python bench/train_throughput.py --quick
 """
 
@@ -149,11 +155,13 @@ def gpt2_for(c: ModelConfig) -> nn.Module:
 
 
 def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: dict[str, Any] | None = None,
-               shape: dict[str, int] | None = None) -> tuple[Callable[[], float], int]:
+               shape: dict[str, int] | None = None, dtype: str = "float32") -> tuple[Callable[[], float], int]:
     """Build one implementation of a setup and return (``step()`` -> loss, target tokens per step).
 
     Each ``step()`` is one training step on a fixed random batch: forward, loss, backward, Adam, zero_grad.
     ``cfg`` and ``shape`` override the setup's model config and its batch/src/tgt sizes (for smoke tests).
+    ``dtype`` "bfloat16" runs forward and loss under ``torch.autocast`` (float32 weights and optimizer), as
+    aiayn's trainer does with ``train.dtype: bfloat16`` and transformers' Trainer with ``bf16=True``.
     """
     s, c = setup_shape(setup, shape), model_config(setup, quick, cfg)
     torch.manual_seed(seed)
@@ -194,7 +202,8 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
 
     def step() -> float:
         with _torch_dropout_one_chunk() if impl == "aiayn-torch-dropout" else contextlib.nullcontext():
-            loss = loss_fn()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+                loss = loss_fn()
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -216,10 +225,10 @@ def _torch_dropout_one_chunk() -> Iterator[None]:
         aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS = saved
 
 
-def measure_memory(setup: str, impl: str, quick: bool) -> dict[str, float]:
+def measure_memory(setup: str, impl: str, quick: bool, dtype: str = "float32") -> dict[str, float]:
     """Peak RSS of 2 training steps of one configuration, measured in a fresh subprocess."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-worker", setup, impl,
-           "--threads", str(torch.get_num_threads())]
+           "--threads", str(torch.get_num_threads()), "--dtype", dtype]
     if quick:
         cmd.append("--quick")
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -229,11 +238,11 @@ def measure_memory(setup: str, impl: str, quick: bool) -> dict[str, float]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def _memory_worker(setup: str, impl: str, quick: bool) -> None:
+def _memory_worker(setup: str, impl: str, quick: bool, dtype: str) -> None:
     if impl.startswith("transformers"):
         import transformers  # noqa: F401  (imported before the baseline, like torch)
     base = benchlib.current_rss_mb()
-    step, _ = build_step(setup, impl, quick)
+    step, _ = build_step(setup, impl, quick, dtype=dtype)
     for _ in range(2):
         step()
     peak = benchlib.peak_rss_mb()
@@ -242,21 +251,24 @@ def _memory_worker(setup: str, impl: str, quick: bool) -> None:
 
 def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int = 5, warmup: int = 1,
                 memory: bool = True, peak_flops: float | None = None, cfg: dict[str, Any] | None = None,
-                shape: dict[str, int] | None = None) -> dict[str, Any]:
+                shape: dict[str, int] | None = None, dtype: str = "float32") -> dict[str, Any]:
     """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation).
 
     ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; not with ``memory``).
-    ``peak_flops`` fixes the MFU denominator instead of timing a matmul (1024^3 when ``quick``, else 2048^3).
+    ``peak_flops`` fixes the MFU denominator instead of timing a matmul (1024^3 when ``quick``, else 2048^3; in
+    ``dtype``, so bf16 MFU is against the bf16 matmul peak). ``dtype`` "bfloat16": every implementation under
+    autocast (see :func:`build_step`).
     """
     setups = setups or list(SETUPS)
     n = 1024 if quick else 2048
-    a, b, c_out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    mm_dtype = getattr(torch, dtype)
+    a, b, c_out = (torch.randn(n, n).to(mm_dtype) for _ in range(3))
     rows = []
     for setup in setups:
         impls, s, c = SETUPS[setup]["impls"], setup_shape(setup, shape), model_config(setup, quick, cfg)
         steps, tokens = {}, 0
         for impl in impls:
-            steps[impl], tokens = build_step(setup, impl, quick, cfg=cfg, shape=shape)
+            steps[impl], tokens = build_step(setup, impl, quick, cfg=cfg, shape=shape, dtype=dtype)
         if peak_flops is None:
             steps["matmul"] = lambda: torch.mm(a, b, out=c_out)
         times = benchlib.alternate(steps, runs=runs, warmup=warmup)
@@ -266,18 +278,18 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
         for impl in impls:
             t = benchlib.median(times[impl])
             row: dict[str, Any] = {
-                "setup": setup, "impl": impl, "batch": s["batch"], "src": s["src"], "tgt": s["tgt"],
+                "setup": setup, "impl": impl, "dtype": dtype, "batch": s["batch"], "src": s["src"], "tgt": s["tgt"],
                 "tok_s": tokens / t, "step_ms": 1e3 * t, "aiayn_speedup": t / t_ours,
                 "mfu": flops_tok * tokens / t / peak, "peak_gflops": peak / 1e9, "times": times[impl],
             }
             if memory:
-                row.update(measure_memory(setup, impl, quick))
+                row.update(measure_memory(setup, impl, quick, dtype))
             rows.append(row)
         del steps
-    return {"runs": runs, "quick": quick, "rows": rows}
+    return {"runs": runs, "quick": quick, "dtype": dtype, "rows": rows}
 
 
-COLUMNS = ["setup", "impl", "batch", "src", "tgt", "tok_s", "step_ms", "aiayn_speedup", "mfu", "peak_gflops",
+COLUMNS = ["setup", "impl", "dtype", "batch", "src", "tgt", "tok_s", "step_ms", "aiayn_speedup", "mfu", "peak_gflops",
            "peak_rss_mb", "delta_rss_mb"]
 
 
@@ -287,19 +299,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     benchlib.add_common_args(p)  # --quick: tiny models (2 layers x 128), 3 runs
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=None)
     p.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory subprocesses")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="bfloat16: every implementation under torch.autocast, MFU against the bf16 matmul peak; "
+                        "results go to train_throughput_bfloat16.json")
     p.add_argument("--memory-worker", nargs=2, metavar=("SETUP", "IMPL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     if args.memory_worker:
-        _memory_worker(*args.memory_worker, args.quick)
+        _memory_worker(*args.memory_worker, args.quick, args.dtype)
         return None
     t0 = time.perf_counter()
     payload = bench_train(args.setups, quick=args.quick, runs=args.runs or (3 if args.quick else 5),
-                          memory=not args.no_memory)
+                          memory=not args.no_memory, dtype=args.dtype)
     payload["wall_s"] = time.perf_counter() - t0
-    print(f"training throughput (fwd+bwd+Adam), median of {payload['runs']} alternating steps; "
-          "MFU vs the fp32 matmul FLOP/s measured in the same rounds (peak_gflops)")
-    benchlib.report("train_throughput", payload, COLUMNS, args.quick)
+    print(f"training throughput (fwd+bwd+Adam, {args.dtype}), median of {payload['runs']} alternating steps; "
+          f"MFU vs the {args.dtype} matmul FLOP/s measured in the same rounds (peak_gflops)")
+    name = "train_throughput" if args.dtype == "float32" else f"train_throughput_{args.dtype}"
+    benchlib.report(name, payload, COLUMNS, args.quick)
     return payload
 
 

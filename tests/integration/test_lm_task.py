@@ -300,4 +300,4 @@ def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, 
     monkeypatch.setattr(fused_loss, "_chunk_buffers", recording)
     run_recipe(_recipe(tmp_path, corpus, "workspace"), [])
     assert sizes  # training went through the fused loss and its workspace ...
-    assert getattr(fused_loss._cpu_workspace, "buffer", None) is None  # ... and gave it back at the end
+    assert getattr(fused_loss._cpu_workspace, "buffers", None) is None  # ... and gave it back at the end

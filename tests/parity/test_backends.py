@@ -255,3 +255,33 @@ def test_decoder_mask_variants_same_on_both_backends(position: str, extra: str) 
     ref = _logits(model, "decoder", inputs)
     _set_backend(model, "sdpa")
     torch.testing.assert_close(_logits(model, "decoder", inputs), ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cpu_low_precision_training_attends_in_float32(dtype: torch.dtype, autocast: bool) -> None:
+    """Trained in bf16/fp16 on CPU (a low-precision model, or float32 inputs under autocast), the fused backend
+    attends in float32 (torch's CPU flash kernel is far slower in bf16 with a backward) and hands back the
+    low-precision dtype: output and gradients equal float32 attention of the same rounded inputs, with a bias and a
+    padding mask. Without gradients it keeps the low-precision kernel."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, DH, generator=g).to(dtype) for _ in range(3))
+    bias = torch.randn(1, H, T, T, generator=g)
+    mask = M.padding_mask(_is_token())
+    grad_out = torch.randn(B, H, T, DH, generator=g).to(dtype)
+
+    def run(inputs: list[Tensor], autocast: bool) -> tuple[Tensor, list[Tensor]]:
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            out, _ = scaled_dot_product_attention(*leaves, mask=mask, bias=bias, backend="sdpa")
+        out.backward(grad_out.to(out.dtype))
+        return out, [x.grad for x in leaves]
+
+    got, got_grads = run([q, k, v], autocast)
+    ref, ref_grads = run([q.float(), k.float(), v.float()], False)
+    assert got.dtype == dtype and all(x.dtype == dtype for x in got_grads)
+    torch.testing.assert_close(got, ref.to(dtype), rtol=0, atol=0)  # exactly float32's result, rounded once
+    for x, r in zip(got_grads, ref_grads):
+        torch.testing.assert_close(x, r.to(dtype), rtol=0, atol=0)
+    with torch.no_grad():
+        assert scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend="sdpa")[0].dtype == dtype

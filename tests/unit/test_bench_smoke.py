@@ -126,14 +126,15 @@ def test_eos_mask_blocks_eos_until_the_last_call() -> None:
     assert torch.isfinite(head(torch.randn(1, 3))).all()  # hook removed on exit
 
 
-def test_train_bench_runs_every_implementation() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_bench_runs_every_implementation(dtype: str) -> None:
     cfg = dict(d_model=32, d_ff=64, n_heads=2, n_layers=1, vocab_size=120, max_len=64)
     out = train_throughput.bench_train(quick=True, runs=1, warmup=0, memory=False, cfg=cfg,
-                                       shape=dict(batch=2, src=5, tgt=6))
+                                       shape=dict(batch=2, src=5, tgt=6), dtype=dtype)
     impls = [(r["setup"], r["impl"]) for r in out["rows"]]
     assert impls == [(s, i) for s, v in train_throughput.SETUPS.items() for i in v["impls"]]
     for r in out["rows"]:
-        assert r["tok_s"] > 0 and 0 < r["mfu"] and r["peak_gflops"] > 0
+        assert r["tok_s"] > 0 and 0 < r["mfu"] and r["peak_gflops"] > 0 and r["dtype"] == dtype
         assert r["src"] == (0 if r["setup"].startswith("lm") else 5) and r["tgt"] == 6
 
 

@@ -69,6 +69,29 @@ def test_bfloat16_hidden_is_close_to_float32():
     assert abs(float(got.detach()) - float(ref.detach())) / float(ref.detach()) < 2e-2
 
 
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_autocast_runs_the_projection_in_bfloat16_like_a_linear_layer(epsilon):
+    """Under autocast the fused loss matches the reference whose logits come from bf16 matmuls (what autocast makes
+    of ``h @ W.T``), not the float32 one; float32 hidden states keep float32 gradients."""
+    h, w, y = _inputs(n=64, d=32, v=300)
+    h, w = h.float(), w.float()
+
+    def bf16_logits(a, b, c):
+        return label_smoothed_nll((a.bfloat16() @ b.bfloat16().T).float(), c, epsilon)
+
+    ref_bf16 = _run(bf16_logits, h, w, y)
+    ref_fp32 = _run(lambda a, b, c: label_smoothed_nll(a @ b.T, c, epsilon), h, w, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _run(lambda a, b, c: linear_label_smoothed_nll(a, b, c, epsilon, chunk_rows=16), h, w, y)
+    assert got[3].dtype == torch.float32 and got[4].dtype == torch.float32
+    torch.testing.assert_close(got[0], ref_bf16[0], rtol=1e-5, atol=1e-4)  # the same bf16 logits
+    assert abs(float(got[0] - ref_fp32[0])) > 10 * abs(float(got[0] - ref_bf16[0]))  # and not float32's
+    for g, r, r32 in zip(got[3:], ref_bf16[3:], ref_fp32[3:]):  # gradients: bf16 matmuls of the same softmax,
+        # rounded at other points (elementwise, cancellation makes single entries differ by more than bf16's 2^-8)
+        assert float((g - r).norm() / r.norm()) < 1e-2
+        assert float((g - r32).norm() / r32.norm()) < 2e-2
+
+
 @pytest.mark.parametrize("bad", ["labels", "weight", "epsilon"])
 def test_bad_arguments(bad):
     h, w, y = _inputs()
@@ -87,16 +110,16 @@ def test_cpu_workspace_is_reused_across_calls_and_sizes():
     fused_loss.release_workspace()
     big = _inputs(n=40, v=53, seed=1)
     _run(lambda a, b, c: linear_label_smoothed_nll(a.float(), b.float(), c, 0.1), *big)
-    first = fused_loss._cpu_workspace.buffer
+    first = fused_loss._cpu_workspace.buffers[torch.float32]
     assert first.numel() == 2 * int((big[2] != IGNORE_INDEX).sum()) * 53  # logits for the counted rows only
     small = _inputs(n=9, v=29, seed=2)
     ref = _run(lambda a, b, c: label_smoothed_nll(a.float() @ b.float().T, c, 0.1), *small)
     got = _run(lambda a, b, c: linear_label_smoothed_nll(a.float(), b.float(), c, 0.1), *small)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-    assert fused_loss._cpu_workspace.buffer is first
+    assert fused_loss._cpu_workspace.buffers[torch.float32] is first
     fused_loss.release_workspace()
-    assert fused_loss._cpu_workspace.buffer is None
+    assert fused_loss._cpu_workspace.buffers is None
 
 
 def test_second_backward_is_a_clear_error():
@@ -121,3 +144,4 @@ def test_gradient_accumulation_over_two_losses_equals_the_reference():
             (fn(h[part], wr, y[part]) * 0.5).backward()
         grads.append(wr.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+

@@ -8,6 +8,7 @@ Encoder self-attention, decoder causal self-attention and encoder-decoder cross-
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -93,16 +94,31 @@ def scaled_dot_product_attention(
         out = torch.matmul(dropped, v)  # (B, H, T, Dh)
         return out, (weights if return_weights else None)
 
+    dtype = torch.float32 if _cpu_training_in_low_precision(q, k, v) else q.dtype
     attn_mask: Tensor | None = mask
     if bias is not None:
-        attn_mask = bias.to(q.dtype)
+        attn_mask = bias.to(dtype)
         if mask is not None:
-            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(q.dtype).min)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale)
+            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
+    with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=attn_mask,
+                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, None
+
+
+def _cpu_training_in_low_precision(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether attention is about to be trained in bf16/fp16 on CPU (autocast or a low-precision model).
+
+    torch's CPU flash kernel is much slower in bf16 than in float32 when it also has to run backward: forward +
+    backward took 1.8x as long at GPT-2 small's shapes and 10x at the tiny Multi30k model's (2 threads,
+    docs/BENCHMARKS.md), while the casts cost little. So training attends in float32 there, and returns the
+    low-precision dtype as autocast would. Inference keeps the low-precision kernel: a decoding step over a cache
+    would cast the whole cache every step.
+    """
+    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def _group(q: Tensor, group: int) -> Tensor:

@@ -25,6 +25,8 @@ Accelerators have caching allocators and get fresh buffers.
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
 
 import torch
@@ -40,26 +42,38 @@ CHUNK_ELEMENTS = 1 << 26
 CPU_CHUNK_ROWS = 512
 
 
-_cpu_workspace = threading.local()  # .buffer: a 1-D float32 CPU tensor, as large as the largest call needed
+_cpu_workspace = threading.local()  # .buffers: {dtype: 1-D CPU tensor}, each as large as the largest call needed
+
+
+def _workspace(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+    """Tensors of ``shapes`` and ``dtype``: on CPU views of this thread's workspace for ``dtype`` (grown when too
+    small, kept across calls), fresh tensors elsewhere."""
+    sizes = [math.prod(shape) for shape in shapes]
+    if device.type != "cpu":
+        flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    else:
+        buffers = getattr(_cpu_workspace, "buffers", None)
+        if buffers is None:
+            buffers = _cpu_workspace.buffers = {}
+        flat = buffers.get(dtype)
+        if flat is None or flat.numel() < sum(sizes):
+            buffers[dtype] = None  # free the old one first: the peak stays at the new size
+            buffers[dtype] = flat = torch.empty(sum(sizes), dtype=dtype)
+    starts = itertools.accumulate(sizes, initial=0)
+    return [flat[start:start + size].view(shape) for start, size, shape in zip(starts, sizes, shapes)]
 
 
 def _chunk_buffers(rows: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Two (rows, vocab) float32 buffers for the logits and their log-softmax: views of this thread's CPU workspace,
-    grown when too small; fresh tensors elsewhere."""
-    if device.type != "cpu":
-        return tuple(torch.empty(2, rows, vocab, dtype=torch.float32, device=device))
-    numel = 2 * rows * vocab
-    buffer = getattr(_cpu_workspace, "buffer", None)
-    if buffer is None or buffer.numel() < numel:
-        _cpu_workspace.buffer = None  # free the old one first: the peak stays at the new size
-        _cpu_workspace.buffer = buffer = torch.empty(numel, dtype=torch.float32)
-    return tuple(buffer[:numel].view(2, rows, vocab))
+    """Two (rows, vocab) float32 buffers for the logits and their log-softmax (see :func:`_workspace`)."""
+    logits, logp = _workspace([(rows, vocab), (rows, vocab)], torch.float32, device)
+    return logits, logp
 
 
 def release_workspace() -> None:
-    """Free this thread's CPU workspace (two chunks of logits: 206 MB at GPT-2 small's vocabulary), e.g. when a
-    process stops training and goes on with other work; the next call allocates it again."""
-    _cpu_workspace.buffer = None
+    """Free this thread's CPU workspace (two chunks of logits: 206 MB at GPT-2 small's vocabulary, and under mixed
+    precision a low-precision copy of the weight, its gradient and a chunk), e.g. when a process stops training
+    and goes on with other work; the next call allocates it again."""
+    _cpu_workspace.buffers = None
 
 
 class _LinearSmoothedNLL(torch.autograd.Function):
@@ -67,15 +81,23 @@ class _LinearSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, labels: Tensor, epsilon: float,  # type: ignore[override]
-                ignore_vocab_id: int | None, chunk_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+                ignore_vocab_id: int | None, chunk_rows: int,
+                compute_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.autocast(h.device.type, enabled=False):  # every cast below is explicit
+            return _LinearSmoothedNLL._forward(ctx, h, weight, labels, epsilon, ignore_vocab_id, chunk_rows,
+                                               compute_dtype)
+
+    @staticmethod
+    def _forward(ctx, h: Tensor, weight: Tensor, labels: Tensor, epsilon: float, ignore_vocab_id: int | None,
+                 chunk_rows: int, compute_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         n_smooth = weight.shape[0] if ignore_vocab_id is None else weight.shape[0] - 1  # classes sharing eps
         spread = epsilon / n_smooth  # smoothing mass per class
-        w = weight.to(h.dtype)  # (V, D); a no-op without mixed precision
+        low = compute_dtype != torch.float32  # mixed precision (or float64): the three matmuls in compute_dtype
         kept = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # (K,) only these rows count: the others get no logits
         h_kept, labels_kept = h.index_select(0, kept), labels.index_select(0, kept)[:, None]  # (K, D), (K, 1)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h_kept = torch.empty_like(h_kept) if need_h else None  # (K, D)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None  # (V, D)
+        grad_w = None  # (V, D) float32: the first chunk's gradient, then the sum over chunks
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         if epsilon > 0:
@@ -85,15 +107,22 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             if ignore_vocab_id is not None:
                 w_smooth = w_smooth - weight[ignore_vocab_id].float()
         # two (n, V) float32 buffers reused by every chunk (and on CPU by every call): fresh ones cost page faults
-        logits_buffer, logp_buffer = _chunk_buffers(min(chunk_rows, h_kept.shape[0]), weight.shape[0], h.device)
+        n_max, (vocab, width) = min(chunk_rows, h_kept.shape[0]), weight.shape
+        logits_buffer, logp_buffer = _chunk_buffers(n_max, vocab, h.device)
+        w = weight
+        if low:  # and in compute_dtype: the weight, a chunk's logits (then its gradient), the weight's gradient
+            w, z_low, grad_w_low = _workspace([(vocab, width), (n_max, vocab), (vocab, width) if need_w else (0,)],
+                                              compute_dtype, h.device)
+            w.copy_(weight)
         for start in range(0, h_kept.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             hc, label = h_kept[rows], labels_kept[rows]  # (n, D), (n, 1)
             n = hc.shape[0]
-            if hc.dtype == torch.float32:
+            if low:  # low-precision matmul, float32 logits
+                hc_low = hc.to(compute_dtype)
+                z = logits_buffer[:n].copy_(torch.matmul(hc_low, w.T, out=z_low[:n]))
+            else:
                 z = torch.matmul(hc, w.T, out=logits_buffer[:n])  # (n, V) logits
-            else:  # mixed precision: low-precision matmul, float32 logits
-                z = logits_buffer[:n].copy_(hc @ w.T)
             logp = torch.log_softmax(z, -1, out=logp_buffer[:n])  # (n, V): one fused, row-local pass
             logp_label = logp.gather(1, label).squeeze(1)  # (n,)
             nll = -logp_label
@@ -108,11 +137,22 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             # over logp, the label term scattered; the constant -spread is applied after the loop
             g = logp.exp_()
             g.scatter_add_(1, label, torch.full_like(logp_label, -(1.0 - epsilon))[:, None])
-            gc = g.to(h.dtype)
-            if grad_h_kept is not None:
-                torch.matmul(gc, w, out=grad_h_kept[rows])
-            if grad_w is not None:
-                grad_w.addmm_(gc.T.to(grad_w.dtype), hc.to(grad_w.dtype))
+            if low:  # each chunk's gradients in compute_dtype; the weight's summed over chunks in float32
+                g = z_low[:n].copy_(g)
+                if grad_h_kept is not None:
+                    grad_h_kept[rows] = g @ w
+                if need_w:
+                    torch.matmul(g.T, hc_low, out=grad_w_low)
+                    grad_w = grad_w_low.float() if grad_w is None else grad_w.add_(grad_w_low)
+            else:
+                if grad_h_kept is not None:
+                    torch.matmul(g, w, out=grad_h_kept[rows])
+                if need_w:
+                    if grad_w is None:
+                        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+                    grad_w.addmm_(g.T, hc)
+        if need_w and grad_w is None:  # no row counted
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
         if epsilon > 0:  # the -spread term: each kept row's gradient loses spread * w_smooth ...
             if grad_h_kept is not None:
                 grad_h_kept.sub_((spread * w_smooth).to(h.dtype))
@@ -146,7 +186,7 @@ class _LinearSmoothedNLL(torch.autograd.Function):
         dh = None if grad_h is None else grad_h.mul_(g_loss.to(grad_h.dtype))
         dw = None if grad_w is None else grad_w.mul_(g_loss).to(ctx.weight_dtype)
         del grad_h, grad_w
-        return dh, dw, None, None, None, None
+        return dh, dw, None, None, None, None, None
 
 
 def linear_label_smoothed_nll(
@@ -164,7 +204,9 @@ def linear_label_smoothed_nll(
     NLL is for logging and perplexity. Without gradients (evaluation) it simply calls the reference.
 
     Args:
-        hidden: (N, D) or (B, T, D) final hidden states (float32, or bf16/fp16 under mixed precision).
+        hidden: (N, D) or (B, T, D) final hidden states (float32, or bf16/fp16 for a low-precision model). Under
+            ``torch.autocast`` the three matmuls run in autocast's dtype, as a linear layer's would (the logits,
+            their softmax and the weight gradient's sum over chunks stay float32); see :func:`compute_dtype`.
         weight: (V, D) output projection (possibly tied to an embedding), no bias.
         labels: (N,) or (B, T) class ids, ``-100`` at positions that never count.
         epsilon: label smoothing in [0, 1).
@@ -189,4 +231,15 @@ def linear_label_smoothed_nll(
         chunk_rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
         if h.device.type == "cpu" and CPU_CHUNK_ROWS:
             chunk_rows = min(chunk_rows, CPU_CHUNK_ROWS)
-    return _LinearSmoothedNLL.apply(h, weight, labels.reshape(-1), float(epsilon), ignore_vocab_id, int(chunk_rows))
+    return _LinearSmoothedNLL.apply(h, weight, labels.reshape(-1), float(epsilon), ignore_vocab_id, int(chunk_rows),
+                                    compute_dtype(h))
+
+
+def compute_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype of the projection's matmuls: autocast's where autocast is on for ``hidden``'s device (as for
+    any linear layer), else ``hidden``'s own (float32, or bf16/fp16 for a model cast to low precision)."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type) and hidden.dtype in (torch.float32, torch.float64):
+        return torch.get_autocast_dtype(device_type)
+    return hidden.dtype
+
