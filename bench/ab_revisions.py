@@ -7,11 +7,13 @@ run is a fresh subprocess importing that revision's ``aiayn``, decoding the rand
 ``translate_beam.py`` (beam 4, alpha 0.6, EOS masked so that every decode makes the same number of steps).
 ``same_output`` compares the hypotheses of the two revisions. A ``train:SETUP`` case instead times training
 steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup on its fixed random batch, in
-target tokens/s; ``same_output`` then compares the step losses to 4 significant digits.
+target tokens/s; ``same_output`` then compares the step losses to 4 significant digits. ``train-bf16:SETUP``
+does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``).
 
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
     .venv/bin/python bench/ab_revisions.py --base HEAD~2 --head HEAD --cases train:seq2seq-multi30k-tiny
+    .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD --cases train-bf16:lm-gpt2-small
 """
 
 from __future__ import annotations
@@ -68,13 +70,13 @@ def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_l
     return {"times": times, "digest": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]}
 
 
-def time_train_case(setup: str, runs: int, quick: bool = False) -> dict[str, Any]:
+def time_train_case(setup: str, runs: int, quick: bool = False, dtype: str = "float32") -> dict[str, Any]:
     """Time ``runs`` training steps (after one warm-up) of a ``train_throughput`` setup with this process's ``aiayn``
-    (``quick``: the setup's small test model).
+    (``quick``: the setup's small test model; ``dtype`` "bfloat16": under autocast).
 
     Returns ``{"times": [s, ...], "units": target tokens per step, "digest": hash of the losses to 4 digits}``.
     """
-    step, tokens = train_throughput.build_step(setup, "aiayn", quick)
+    step, tokens = train_throughput.build_step(setup, "aiayn", quick, dtype=dtype)
     losses = [step()]
     times = []
     for _ in range(runs):
@@ -86,11 +88,12 @@ def time_train_case(setup: str, runs: int, quick: bool = False) -> dict[str, Any
 
 
 def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str:
-    """``"multi30k:32"`` -> (the size, batch 32); ``"train:SETUP"`` -> the training setup's name."""
+    """``"multi30k:32"`` -> (the size, batch 32); ``"train:SETUP"`` or ``"train-bf16:SETUP"`` -> the training
+    setup's name."""
     name, _, arg = case.partition(":")
-    if name == "train":
+    if name in ("train", "train-bf16"):
         if arg not in train_throughput.SETUPS:
-            raise SystemExit(f"--cases: {case!r}: train:SETUP needs SETUP one of {sorted(train_throughput.SETUPS)}")
+            raise SystemExit(f"--cases: {case!r}: {name}:SETUP needs SETUP one of {sorted(train_throughput.SETUPS)}")
         return arg
     if name not in SIZES or not arg.isdigit():
         raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}, or train:SETUP")
@@ -101,7 +104,7 @@ def run_case(case: str, runs: int) -> dict[str, Any]:
     """Time one case with the ``aiayn`` this process imports (``units``: sentences or tokens per timed run)."""
     parsed = parse_case(case)
     if isinstance(parsed, str):
-        return time_train_case(parsed, runs)
+        return time_train_case(parsed, runs, dtype="bfloat16" if case.startswith("train-bf16:") else "float32")
     return {**time_case(*parsed, runs=runs), "units": parsed[1]}
 
 
@@ -144,7 +147,7 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
         units = by["base"][0]["units"]
         times = {w: [t for r in by[w] for t in r["times"]] for w in ("base", "head")}
         med = {w: benchlib.median(ts) for w, ts in times.items()}
-        rows.append({"case": case, "unit": "tok/s" if case.startswith("train:") else "sent/s",
+        rows.append({"case": case, "unit": "tok/s" if case.startswith("train") else "sent/s",
                      "base_per_s": units / med["base"], "head_per_s": units / med["head"],
                      "speedup": med["base"] / med["head"],
                      "same_output": len({r["digest"] for w in by for r in by[w]}) == 1, "times": times})
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--head", default="HEAD", help="git revision after it, or WORKTREE (default HEAD)")
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES,
                    help="SIZE:BATCH (beam-4 translation, SIZE in translate_beam.SIZES) or train:SETUP (training "
-                        "steps, SETUP in train_throughput.SETUPS)")
+                        "steps, SETUP in train_throughput.SETUPS), or train-bf16:SETUP (the same under bf16 autocast)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--runs", type=int, default=3, help="timed decodes or steps per subprocess (default 3)")
     p.add_argument("--threads", type=int, default=benchlib.THREADS)

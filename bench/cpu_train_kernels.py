@@ -3,7 +3,11 @@
 - Dropout: :func:`aiayn.nn.dropout.dropout` (mask from 64-bit words, four uniforms each) vs
   ``torch.nn.functional.dropout``, on an activation of ``rows x 4 * d_model``.
 - The fused projection + loss (:func:`aiayn.train.fused_loss.linear_label_smoothed_nll`, forward + backward) with
-  chunks of 64 and 512 rows (512 is the CPU default) and with one large chunk (the accelerator default).
+  chunks of 64 and 512 rows (512 is the CPU default) and with one large chunk (the accelerator default); and with
+  512-row chunks under bf16 autocast (``loss_512_rows_bf16``: its matmuls in bf16).
+- Causal self-attention forward + backward at the setup's (batch, heads, length, head width), bf16 inputs:
+  torch's flash kernel in bf16 (what autocast runs) against :func:`aiayn.nn.attention.scaled_dot_product_attention`,
+  which trains in float32 on CPU (``attn_bf16_aiayn``), and the float32 kernel on float32 inputs.
 
 Alternating runs, median of ``--runs`` (default 7), milliseconds. ``loss_512_rows_faults``: the minor page faults
 of one default-chunk call as a training step makes it (the gradients set to None first, as ``zero_grad`` does),
@@ -27,27 +31,43 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
+from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
 from aiayn.nn.dropout import dropout  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
-# (name, rows, d_model, vocab): tiny Multi30k recipe, paper-base, GPT-2 small (8 x 128 tokens)
-SHAPES = [("tiny-multi30k", 4096, 128, 8000), ("paper-base", 512, 512, 32000), ("gpt2-small", 1024, 768, 50257)]
-QUICK_SHAPES = [("quick", 256, 64, 1000)]
+# (name, rows, d_model, vocab, attention (batch, heads, length, head width)): tiny Multi30k recipe, paper-base,
+# GPT-2 small (8 x 128 tokens)
+SHAPES = [("tiny-multi30k", 4096, 128, 8000, (256, 4, 16, 32)), ("paper-base", 512, 512, 32000, (16, 8, 32, 64)),
+          ("gpt2-small", 1024, 768, 50257, (8, 12, 128, 64))]
+QUICK_SHAPES = [("quick", 256, 64, 1000, (8, 2, 16, 32))]
 CHUNKS = {"loss_64_rows": 64, "loss_512_rows": 512, "loss_one_chunk": 1 << 30}
 
 
-def time_shape(name: str, n: int, d: int, v: int, runs: int) -> dict:
-    """Both kernels at one shape: ``n`` rows (tokens) of width ``d``, vocabulary ``v``; one result row."""
+def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int], runs: int) -> dict:
+    """The kernels at one shape: ``n`` rows (tokens) of width ``d``, vocabulary ``v``, attention of shape ``attn``
+    (B, H, T, Dh); one result row."""
     x = torch.randn(n, 4 * d)  # (n, 4D) an FFN-sized activation
     h = torch.randn(n, d, requires_grad=True)  # (n, D)
     w = (torch.randn(v, d) * 0.05).requires_grad_()  # (V, D)
     y = torch.randint(1, v, (n,))  # (n,)
+    qkv32 = [torch.randn(attn).requires_grad_() for _ in range(3)]  # (B, H, T, Dh) each
+    qkv16 = [t.detach().bfloat16().requires_grad_() for t in qkv32]
 
-    def loss(chunk: int) -> None:
-        linear_label_smoothed_nll(h, w, y, 0.1, ignore_vocab_id=0, chunk_rows=min(chunk, n))[0].backward()
+    def loss(chunk: int, bf16: bool = False) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = linear_label_smoothed_nll(h, w, y, 0.1, ignore_vocab_id=0, chunk_rows=min(chunk, n))[0]
+        out.backward()
+
+    def attention(qkv: list[torch.Tensor], ours: bool) -> None:
+        out = (scaled_dot_product_attention(*qkv, is_causal=True)[0] if ours
+               else F.scaled_dot_product_attention(*qkv, is_causal=True))
+        out.backward(torch.ones_like(out))
 
     fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_torch": lambda: F.dropout(x, 0.1, True)}
     fns.update({k: (lambda c=c: loss(c)) for k, c in CHUNKS.items()})
+    fns["loss_512_rows_bf16"] = lambda: loss(CHUNKS["loss_512_rows"], bf16=True)
+    fns.update({"attn_fp32": lambda: attention(qkv32, False), "attn_bf16_torch": lambda: attention(qkv16, False),
+                "attn_bf16_aiayn": lambda: attention(qkv16, True)})
     times = benchlib.alternate(fns, runs=runs, warmup=1)
     row = {"shape": name, "rows": n, "d_model": d, "vocab": v}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
@@ -60,6 +80,7 @@ def time_shape(name: str, n: int, d: int, v: int, runs: int) -> dict:
     row["loss_512_rows_faults"] = benchlib.median(faults)
     row["dropout_speedup"] = row["dropout_torch_ms"] / row["dropout_aiayn_ms"]
     row["loss_512_vs_one_chunk"] = row["loss_one_chunk_ms"] / row["loss_512_rows_ms"]
+    row["attn_bf16_speedup"] = row["attn_bf16_torch_ms"] / row["attn_bf16_aiayn_ms"]
     return row
 
 
@@ -70,7 +91,8 @@ def bench_kernels(quick: bool = False, runs: int = 7) -> dict:
 
 
 COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_torch_ms", "dropout_speedup",
-           "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk", "loss_512_rows_faults"]
+           "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk", "loss_512_rows_faults",
+           "loss_512_rows_bf16_ms", "attn_fp32_ms", "attn_bf16_torch_ms", "attn_bf16_aiayn_ms", "attn_bf16_speedup"]
 
 
 def main(argv: list[str] | None = None) -> dict:
