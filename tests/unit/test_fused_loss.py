@@ -144,4 +144,3 @@ def test_gradient_accumulation_over_two_losses_equals_the_reference():
             (fn(h[part], wr, y[part]) * 0.5).backward()
         grads.append(wr.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
-

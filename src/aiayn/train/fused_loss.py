@@ -242,4 +242,3 @@ def compute_dtype(hidden: Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device_type) and hidden.dtype in (torch.float32, torch.float64):
         return torch.get_autocast_dtype(device_type)
     return hidden.dtype
-
