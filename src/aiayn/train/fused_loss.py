@@ -19,6 +19,10 @@ its pages on first touch: at GPT-2 small's vocabulary the fresh buffers, the sca
 and the clone autograd made of it while ``ctx`` still held it cost about 90,000 page faults (0.37 GB) per step.
 Accelerators have caching allocators and get fresh buffers.
 
+Under ``torch.autocast`` the three matmuls run in autocast's dtype, as a linear layer's would (:func:`compute_dtype`):
+the logits are copied into the float32 buffer, the softmax and the sum of the weight gradient over chunks stay
+float32, and on CPU the low-precision weight copy, chunk and weight-gradient product are a second workspace.
+
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).
 """
