@@ -8,6 +8,9 @@ the same weights: its ratio is against transformers in fp32, and ``int8_same_tok
 greedy tokens equal to the fp32 model's. A fourth timed entry, ``matmul-floor``, runs only the model's linear
 layers for the same number of steps (:func:`benchlib.matmul_floor`); ``fp32_bound_vs_hf`` = transformers' time /
 that floor is the most any fp32 implementation of these matmuls could gain over transformers.
+In bf16, aiayn's ``--dtype bfloat16`` (``aiayn.nn.precision.cast_for_inference``: the whole model in bf16, every
+linear layer prepacked for oneDNN's bf16 kernels) runs against ``GPT2LMHeadModel`` cast to bf16, same weights:
+``bf16_ratio_vs_hf_bf16``; ``bf16_same_tokens`` is the fraction of its greedy tokens equal to aiayn's fp32 ones.
 
     .venv/bin/python bench/generate_lm.py            # 6 layers x 384, batch 1 and 16, 16 + 128 tokens
     .venv/bin/python bench/generate_lm.py --quick
@@ -16,6 +19,7 @@ that floor is the most any fp32 implementation of these matmuls could gain over 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +35,7 @@ from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate  # noqa: E402
 from aiayn.models import DecoderModel  # noqa: E402
 from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
+from aiayn.nn.precision import cast_for_inference  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 
@@ -84,8 +89,10 @@ def copy_gpt2_weights(hf: Any, ours: DecoderModel) -> None:
 
 
 def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len: int, new_tokens: int, runs: int,
-             warmup: int = 1) -> dict[str, Any]:
-    """Time the three generators on one (batch, prompt, new tokens) case; returns one result row."""
+             warmup: int = 1, ours_bf16: DecoderModel | None = None, hf_bf16: Any = None) -> dict[str, Any]:
+    """Time the generators on one (batch, prompt, new tokens) case; returns one result row.
+
+    The bf16 pair (``ours_bf16``, ``hf_bf16``) is timed only when both are given."""
     vocab = ours.config.vocab_size
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(5, vocab - 1, (batch, prompt_len), generator=g)
@@ -101,15 +108,24 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
         out["int8"] = generate(ours_int8, prompt_lists, max_new_tokens=new_tokens, greedy=True, stop_ids=(),
                                pad_id=0)
 
-    def run_hf() -> None:
-        with torch.inference_mode():
-            out["hf"] = hf.generate(prompts, attention_mask=attn, do_sample=False, num_beams=1,
-                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                    pad_token_id=vocab - 1)
+    def hf_runner(model: Any, key: str) -> Any:
+        def run_hf() -> None:
+            with torch.inference_mode():
+                out[key] = model.generate(prompts, attention_mask=attn, do_sample=False, num_beams=1,
+                                          max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                          pad_token_id=vocab - 1)
+        return run_hf
+
+    def run_ours_bf16() -> None:
+        out["bf16"] = generate(ours_bf16, prompt_lists, max_new_tokens=new_tokens, greedy=True, stop_ids=(),
+                               pad_id=0)
 
     floor = benchlib.matmul_floor(benchlib.step_linears(ours), batch, new_tokens)
-    times = benchlib.alternate({"aiayn": run_ours, "aiayn-int8": run_ours_int8, "transformers": run_hf,
-                                "matmul-floor": floor}, runs=runs, warmup=warmup)
+    fns = {"aiayn": run_ours, "aiayn-int8": run_ours_int8, "transformers": hf_runner(hf, "hf"), "matmul-floor": floor}
+    bf16 = ours_bf16 is not None and hf_bf16 is not None
+    if bf16:
+        fns |= {"aiayn-bf16": run_ours_bf16, "transformers-bf16": hf_runner(hf_bf16, "hf-bf16")}
+    times = benchlib.alternate(fns, runs=runs, warmup=warmup)
     ours_tokens = torch.tensor(out["ours"])
     hf_tokens = out["hf"][:, prompt_len:]
     if ours_tokens.shape != hf_tokens.shape:
@@ -117,6 +133,9 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
     t_ours, t_hf = benchlib.median(times["aiayn"]), benchlib.median(times["transformers"])
     t_int8, t_floor = benchlib.median(times["aiayn-int8"]), benchlib.median(times["matmul-floor"])
     n = batch * new_tokens
+    nan = float("nan")
+    t_bf16 = benchlib.median(times["aiayn-bf16"]) if bf16 else nan
+    t_hf_bf16 = benchlib.median(times["transformers-bf16"]) if bf16 else nan
     return {
         "batch": batch, "prompt": prompt_len, "new_tokens": new_tokens,
         "aiayn_tok_s": n / t_ours, "hf_tok_s": n / t_hf, "ratio_vs_hf": t_hf / t_ours,
@@ -125,8 +144,12 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
         "aiayn_int8_tok_s": n / t_int8, "int8_ratio_vs_hf": t_hf / t_int8,
         "int8_same_tokens": float((torch.tensor(out["int8"]) == ours_tokens).float().mean()),
         "floor_ms_per_step": 1e3 * t_floor / new_tokens, "fp32_bound_vs_hf": t_hf / t_floor,
+        "aiayn_bf16_tok_s": n / t_bf16, "hf_bf16_tok_s": n / t_hf_bf16, "bf16_ratio_vs_hf_bf16": t_hf_bf16 / t_bf16,
+        "bf16_ratio_vs_hf": t_hf / t_bf16,
+        "bf16_same_tokens": float((torch.tensor(out["bf16"]) == ours_tokens).float().mean()) if bf16 else nan,
         "times_aiayn": times["aiayn"], "times_aiayn_int8": times["aiayn-int8"], "times_hf": times["transformers"],
-        "times_floor": times["matmul-floor"],
+        "times_floor": times["matmul-floor"], "times_aiayn_bf16": times.get("aiayn-bf16", []),
+        "times_hf_bf16": times.get("transformers-bf16", []),
     }
 
 
@@ -136,13 +159,17 @@ def bench_generate(size: LMSize | None = None, batches: tuple[int, ...] = (1, 16
     size = size or LMSize()
     ours, hf = build_pair(size)
     ours_int8 = quantize_int8(ours)
-    rows = [run_case(ours, ours_int8, hf, b, prompt_len, new_tokens, runs, warmup) for b in batches]
+    ours_bf16 = cast_for_inference(copy.deepcopy(ours), torch.bfloat16)
+    hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    rows = [run_case(ours, ours_int8, hf, b, prompt_len, new_tokens, runs, warmup, ours_bf16, hf_bf16)
+            for b in batches]
     return {"size": asdict(size), "runs": runs, "rows": rows}
 
 
 COLUMNS = ["batch", "prompt", "new_tokens", "aiayn_tok_s", "hf_tok_s", "ratio_vs_hf", "aiayn_ms_per_step",
            "hf_ms_per_step", "same_tokens", "aiayn_int8_tok_s", "int8_ratio_vs_hf", "int8_same_tokens",
-           "floor_ms_per_step", "fp32_bound_vs_hf"]
+           "floor_ms_per_step", "fp32_bound_vs_hf", "aiayn_bf16_tok_s", "hf_bf16_tok_s", "bf16_ratio_vs_hf_bf16",
+           "bf16_ratio_vs_hf", "bf16_same_tokens"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -9,6 +9,13 @@ Each system also runs in int8: aiayn's opt-in int8 inference (``aiayn.nn.quantiz
 line) against CTranslate2 with ``compute_type="int8"``; int8 rows compare only with int8 rows (and with
 transformers in fp32, which has no one-call int8 path for Marian's attention here).
 
+And in bf16: aiayn's ``--dtype bfloat16`` (``aiayn.nn.precision.cast_for_inference``: the whole model in bf16,
+every linear layer prepacked for oneDNN's bf16 kernels) against transformers' Marian model loaded in bf16
+(``dtype=torch.bfloat16``), same weights. CTranslate2 has no bf16 on CPU (its CPU compute types are int8, int16
+and float32), so ``bf16_ratio_vs_ct2_fastest`` compares aiayn's bf16 with CTranslate2's fastest run of any
+compute type and thread setting, int8 included. On a CPU without native bf16 matmuls (no AVX512-BF16 / AMX)
+bf16 is slower than fp32 for every system.
+
 Every system makes exactly ``out_len + 1`` decoder steps: aiayn gets a budget of ``out_len`` tokens (then EOS
 is forced) and EOS is masked before that; HF gets ``min_new_tokens=out_len, max_new_tokens=out_len + 1`` (EOS
 forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out_len + 1``.
@@ -61,6 +68,11 @@ try:
 except ImportError:  # older revisions, timed by ab_revisions.py, had only the column-major layout
     from aiayn.nn.layout import column_major_linears as cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
+
+try:
+    from aiayn.nn.precision import cast_for_inference  # noqa: E402
+except ImportError:  # older revisions, timed by ab_revisions.py, had no bf16 inference
+    cast_for_inference = None
 
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
 
@@ -178,8 +190,8 @@ class EosMask:
         self._handle.remove()
 
 
-CONTENDERS = ("aiayn", "aiayn-int8", "transformers", "ctranslate2-float32", "ctranslate2-float32-parallel",
-              "ctranslate2-int8", "ctranslate2-int8-parallel", "matmul-floor")
+CONTENDERS = ("aiayn", "aiayn-int8", "aiayn-bf16", "transformers", "transformers-bf16", "ctranslate2-float32",
+              "ctranslate2-float32-parallel", "ctranslate2-int8", "ctranslate2-int8-parallel", "matmul-floor")
 
 
 def make_runner(name: str, model: Any, size: Seq2SeqSize, batch: int, out_len: int, out: dict[str, Any],
@@ -200,7 +212,7 @@ def make_runner(name: str, model: Any, size: Seq2SeqSize, batch: int, out_len: i
             out[name] = translate(model, src, beam_size=beam, alpha=alpha, max_len_a=0.0, max_len_b=out_len,
                                   bos_id=BOS, eos_id=EOS, pad_id=PAD)
         return run_aiayn
-    if name == "transformers":
+    if name.startswith("transformers"):
         attn = torch.ones_like(src)
 
         def run_hf() -> None:
@@ -231,7 +243,7 @@ def output_lengths(name: str, output: Any) -> list[int]:
     """The distinct output lengths (tokens incl. EOS / the forced last step) of one contender's decode."""
     if name.startswith("aiayn"):
         return sorted({len(h[0].tokens) + 1 for h in output})
-    if name == "transformers":
+    if name.startswith("transformers"):
         return [int(output.shape[1]) - 1]  # minus the decoder start token
     if name.startswith("ctranslate2"):
         return sorted({len(r.hypotheses[0]) for r in output})
@@ -263,6 +275,11 @@ def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list
         "int8_ratio_vs_ct2_int8": ct2_i8 / med["aiayn-int8"],
         "ct2_int8_parallel_sent_s": batch / med.get("ctranslate2-int8-parallel", nan),
         "int8_ratio_vs_ct2_int8_best_config": ct2_best("int8") / med["aiayn-int8"],
+        "aiayn_bf16_sent_s": batch / med.get("aiayn-bf16", nan),
+        "hf_bf16_sent_s": batch / med.get("transformers-bf16", nan),
+        "bf16_ratio_vs_hf_bf16": med.get("transformers-bf16", nan) / med.get("aiayn-bf16", nan),
+        "bf16_ratio_vs_hf": med["transformers"] / med.get("aiayn-bf16", nan),
+        "bf16_ratio_vs_ct2_fastest": min(ct2_best("float32"), ct2_best("int8")) / med.get("aiayn-bf16", nan),
         "floor_ms_per_step": 1e3 * med["matmul-floor"] / (out_len + 1),
         "fp32_bound_vs_hf": med["transformers"] / med["matmul-floor"],
         "out_lengths": lengths, "times": times,
@@ -271,7 +288,7 @@ def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list
 
 def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, ct2: dict[str, Any], batch: int,
              src_len: int, out_len: int, runs: int, warmup: int = 1, beam: int = 4,
-             alpha: float = 0.6) -> dict[str, Any]:
+             alpha: float = 0.6, ours_bf16: nn.Module | None = None) -> dict[str, Any]:
     """Time the systems on one batch size, all in this process; returns one result row.
 
     In one process the peers' thread pools disturb each other (CTranslate2 alive beside torch slowed aiayn's
@@ -279,11 +296,15 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
     (:func:`time_contender`); this in-process version serves the profiler (``profile_decode.py``).
     """
     models = {"aiayn": ours, "aiayn-int8": ours_int8, "transformers": hf, "matmul-floor": ours,
+              **({"aiayn-bf16": ours_bf16} if ours_bf16 is not None else {}),
               **{f"ctranslate2-{kind}": tr for kind, tr in ct2.items()}}
     out: dict[str, Any] = {}
     fns = {name: make_runner(name, models[name], size, batch, out_len, out, beam, alpha, src_len)
            for name in CONTENDERS if name in models}
-    with out["aiayn-mask"], out["aiayn-int8-mask"]:
+    with contextlib.ExitStack() as masks:
+        for name in fns:
+            if name.startswith("aiayn"):
+                masks.enter_context(out[f"{name}-mask"])
         times = benchlib.alternate(fns, runs=runs, warmup=warmup)
     lengths = {name: output_lengths(name, out[name]) for name in fns if name != "matmul-floor"}
     return summarize(size, batch, out_len, times, lengths, src_len)
@@ -292,15 +313,18 @@ def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, 
 def load_contender(name: str, size: Seq2SeqSize | None, workdir: Path) -> Any:
     """Build contender ``name``'s model in this process: aiayn's from the seed, the peers' from ``workdir``
     (the Marian model saved and converted by :func:`save_and_convert`)."""
-    if name in ("aiayn", "aiayn-int8", "matmul-floor"):
+    if name in ("aiayn", "aiayn-int8", "aiayn-bf16", "matmul-floor"):
         assert size is not None
         torch.manual_seed(0)
         ours = aiayn_model(size)
+        if name == "aiayn-bf16":
+            return cast_for_inference(ours, torch.bfloat16)
         return quantize_int8(ours) if name == "aiayn-int8" else ours
-    if name == "transformers":
+    if name.startswith("transformers"):
         from transformers import MarianMTModel
 
-        return MarianMTModel.from_pretrained(workdir / "marian").eval()
+        dtype = torch.bfloat16 if name.endswith("-bf16") else torch.float32
+        return MarianMTModel.from_pretrained(workdir / "marian", dtype=dtype).eval()
     import ctranslate2
 
     threads = torch.get_num_threads()
@@ -341,8 +365,9 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
                     src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
                     threads: int = benchlib.THREADS) -> dict[str, Any]:
     """The whole benchmark over sizes x batch sizes. Each contender runs in its own subprocess, ``rounds`` times in
-    turn (aiayn, its int8, transformers, CTranslate2 fp32 and int8, the matmul floor, then again), ``runs`` timed
-    decodes per batch size each time after one warm-up: ``rounds * runs`` times per median. Returns the JSON payload.
+    turn (aiayn, its int8 and bf16, transformers in fp32 and bf16, CTranslate2 fp32 and int8, the matmul floor, then
+    again), ``runs`` timed decodes per batch size each time after one warm-up: ``rounds * runs`` times per median.
+    Returns the JSON payload.
     """
     sizes = sizes or list(SIZES.values())
     rows = []
@@ -352,7 +377,8 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
         hf = marian_model(size)
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
             has_ct2 = save_and_convert(hf, Path(tmp))
-            names = [n for n in CONTENDERS if has_ct2 or not n.startswith("ctranslate2")]
+            names = [n for n in CONTENDERS if (has_ct2 or not n.startswith("ctranslate2"))
+                     and (cast_for_inference is not None or n != "aiayn-bf16")]
             del hf
             got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for _ in range(rounds):
@@ -370,7 +396,9 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
 COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct2_sent_s", "ratio_vs_hf",
            "ratio_vs_ct2", "best_ratio_vs_ct2", "ct2_parallel_sent_s", "ratio_vs_ct2_best_config",
            "aiayn_int8_sent_s", "ct2_int8_sent_s", "int8_ratio_vs_hf", "int8_ratio_vs_ct2_int8",
-           "ct2_int8_parallel_sent_s", "int8_ratio_vs_ct2_int8_best_config", "floor_ms_per_step", "fp32_bound_vs_hf"]
+           "ct2_int8_parallel_sent_s", "int8_ratio_vs_ct2_int8_best_config", "aiayn_bf16_sent_s", "hf_bf16_sent_s",
+           "bf16_ratio_vs_hf_bf16", "bf16_ratio_vs_hf", "bf16_ratio_vs_ct2_fastest", "floor_ms_per_step",
+           "fp32_bound_vs_hf"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:

@@ -38,15 +38,26 @@ class Pretrained:
         return self.meta.get("task", "unknown")
 
 
-def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False) -> Pretrained:
+def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False,
+                    dtype: str | torch.dtype = "float32") -> Pretrained:
     """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
 
     With ``int8=True`` the model's linear layers are dynamically quantized for CPU inference
     (:func:`aiayn.nn.quantize.quantize_int8`: faster decoding, outputs close to but not equal to fp32).
+    With ``dtype="bfloat16"`` (CPU or CUDA) or ``"float16"`` (CUDA) the whole model is cast for inference
+    (:func:`aiayn.nn.precision.cast_for_inference`: faster where the hardware has fast bf16/fp16 matmuls,
+    outputs close to but not equal to fp32).
 
     Raises:
-        AiaynError: missing directory or files (names what is missing).
+        AiaynError: missing directory or files (names what is missing); int8 with a dtype other than float32;
+            fp16 on the CPU.
     """
+    from aiayn.nn.precision import inference_dtype
+
+    dtype = inference_dtype(dtype)
+    if int8 and dtype != torch.float32:
+        raise AiaynError(f"int8 and dtype {str(dtype).removeprefix('torch.')} exclude each other: int8 inference "
+                         "keeps float32 activations; pick one (--int8 or --dtype)")
     d = Path(directory)
     if not d.exists() and not Path(str(d) + ".old").exists():
         raise AiaynError(f"{d}: checkpoint directory not found; pass the folder that holds config.json "
@@ -68,6 +79,10 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
         from aiayn.nn.quantize import quantize_int8
 
         model = quantize_int8(model)
+    elif dtype != torch.float32:
+        from aiayn.nn.precision import cast_for_inference
+
+        cast_for_inference(model, dtype)  # with the CPU layout below where the model is on the CPU
     elif next(model.parameters()).device.type == "cpu":
         from aiayn.nn.layout import cpu_inference_layout
 

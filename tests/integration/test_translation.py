@@ -96,6 +96,17 @@ def test_train_translate_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pyte
     assert main(["translate", "--checkpoint", str(run / "best"), "-i", str(src), "--int8"]) == 0
     assert capsys.readouterr().out.count("\n") == 2  # one line per input (a 12-step model may print empty ones)
 
+    # bf16 inference: the same commands, scores close to fp32's; int8 and a dtype together are named
+    assert main(["evaluate", "--checkpoint", str(run / "best"), "--src", str(corpus_dir / "valid.src"),
+                 "--ref", str(corpus_dir / "valid.tgt"), "--dtype", "bfloat16", "--device", "cpu"]) == 0
+    report_bf16 = json.loads(capsys.readouterr().out)
+    assert report_bf16["sentences"] == 20 and abs(report_bf16["chrf"] - report["chrf"]) < 10
+    assert main(["translate", "--checkpoint", str(run / "best"), "-i", str(src), "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.count("\n") == 2
+    assert main(["translate", "--checkpoint", str(run / "best"), "-i", str(src), "--int8", "--dtype",
+                 "bfloat16"]) == 2
+    assert "--int8 or --dtype" in capsys.readouterr().err
+
 
 def test_ensemble_translate_and_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """``--checkpoint`` given twice decodes with an ensemble; members that do not match are named."""

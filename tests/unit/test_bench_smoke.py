@@ -62,6 +62,8 @@ def test_generate_bench_forces_equal_lengths() -> None:
         assert r["aiayn_int8_tok_s"] > 0 and 0 <= r["int8_same_tokens"] <= 1
         assert len(r["times_aiayn"]) == 1 and len(r["times_aiayn_int8"]) == 1
         assert r["floor_ms_per_step"] > 0 and r["fp32_bound_vs_hf"] > 0
+        assert r["aiayn_bf16_tok_s"] > 0 and r["hf_bf16_tok_s"] > 0 and 0 <= r["bf16_same_tokens"] <= 1
+        assert len(r["times_aiayn_bf16"]) == 1 and len(r["times_hf_bf16"]) == 1
 
 
 def test_matmul_floor_covers_each_step_weight_once() -> None:
@@ -84,6 +86,8 @@ def test_translate_bench_forces_equal_lengths() -> None:
     (row,) = out["rows"]
     assert row["out_lengths"]["aiayn"] == [5] and row["out_lengths"]["transformers"] == [5]
     assert row["out_lengths"]["aiayn-int8"] == [5] and row["aiayn_int8_sent_s"] > 0
+    assert row["out_lengths"]["aiayn-bf16"] == [5] and row["out_lengths"]["transformers-bf16"] == [5]
+    assert row["aiayn_bf16_sent_s"] > 0 and row["bf16_ratio_vs_hf_bf16"] > 0
     assert row["floor_ms_per_step"] > 0 and row["fp32_bound_vs_hf"] > 0
     if HAS_CT2:
         assert row["out_lengths"]["ctranslate2-float32"] == [5] and row["out_lengths"]["ctranslate2-int8"] == [5]

@@ -109,7 +109,6 @@ class TransformerStack(nn.Module):
             mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
         is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
         bias = self.pos_bias(positions, key_pos) if self.pos_bias is not None else None
-        rotary = self.rotary(positions) if self.rotary is not None else None
         if cache is not None and cache.cross_attn and cache.memory_mask_ready:
             memory_mask = cache.memory_mask  # computed once per source batch, not at every step
         else:
@@ -122,6 +121,8 @@ class TransformerStack(nn.Module):
         if self.abs_pos is not None:
             pe = self.abs_pos(positions, max_position)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
+        # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
+        rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None
         if self.training and self.dropout.p > 0:  # an eval-mode dropout call is still a dispatched op
             x = self.dropout(x)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None

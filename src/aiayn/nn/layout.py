@@ -15,7 +15,7 @@ to float rounding (a different summation order inside BLAS).
 Embedding lookups of a tied, column-major table gather strided rows (a few per decoding step). For training
 (hundreds of rows per matmul) the layout neither helps nor hurts much, so the trainer leaves weights as they are;
 inference entry points (``load_pretrained``, the CLI, the benchmarks) call :func:`cpu_inference_layout` once,
-which also prepacks the output layers (:mod:`aiayn.nn.packed`).
+which also prepacks the output layers, and every layer of a bf16 model (:mod:`aiayn.nn.packed`).
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ def is_column_major(weight: torch.Tensor) -> bool:
 
 
 def cpu_inference_layout(model: nn.Module) -> nn.Module:
-    """The weight layout for fp32 decoding on CPU, in place; returns ``model``.
+    """The weight layout for decoding on CPU, in place; returns ``model``.
 
-    Every linear weight column-major (:func:`column_major_linears`) and every output layer prepacked for oneDNN
-    (:func:`aiayn.nn.packed.pack_output_layers`). Values, parameters, ties and ``state_dict`` are unchanged.
+    Every linear weight column-major (:func:`column_major_linears`), every output layer prepacked for oneDNN
+    (:func:`aiayn.nn.packed.pack_output_layers`) and, in a bf16 model, every linear layer prepacked
+    (:func:`aiayn.nn.packed.pack_bf16_linears`). Values, parameters, ties and ``state_dict`` are unchanged.
     """
-    from aiayn.nn.packed import pack_output_layers
+    from aiayn.nn.packed import pack_bf16_linears, pack_output_layers
 
-    return pack_output_layers(column_major_linears(model))
+    return pack_bf16_linears(pack_output_layers(column_major_linears(model)))

@@ -1,4 +1,4 @@
-"""oneDNN-prepacked output layers for fp32 decoding on CPU.
+"""oneDNN-prepacked linear layers for CPU decoding: the output layer in fp32, every linear layer in bf16.
 
 The output layer (hidden -> vocabulary logits) is the largest matmul of a decoding step: 512 x 32000 at the
 paper's base size, 768 x 50257 for GPT-2. oneDNN, which PyTorch ships for its own CPU compiler backend
@@ -7,23 +7,29 @@ project's 2-core AVX2 machine (2 threads, ``bench/output_layer.py``, docs/BENCHM
 layer 2.1x faster than ``F.linear`` with the column-major weight of :mod:`aiayn.nn.layout` at 4 rows (one
 sentence's beams), 1.8x at 16 and 1.25x at 128 (32 sentences x 4 beams), and 384 x 50257 1.7x at 4 and 16 rows;
 but a single row (greedy batch-1 generation) is a matrix-vector product, where ``F.linear`` was 1.4x faster than
-oneDNN, so one-row calls keep ``F.linear``.
-Narrow layers gain nothing (128 x 8000, the tiny Multi30k recipe's, was 0.88-0.93x at 4 to 128 rows), so only
-output layers at least ``MIN_PACKED_IN_FEATURES`` wide are packed; and the decoder's own, smaller linears gained
-at some shapes and lost at others, so they are left alone.
+oneDNN, so one-row fp32 calls keep ``F.linear``.
+Narrow fp32 layers gain nothing (128 x 8000, the tiny Multi30k recipe's, was 0.88-0.93x at 4 to 128 rows), so only
+fp32 output layers at least ``MIN_PACKED_IN_FEATURES`` wide are packed; and the decoder's own, smaller linears gained
+at some shapes and lost at others, so in fp32 they are left alone.
+
+In bf16 (:mod:`aiayn.nn.precision`) the picture is different: on a CPU with native bf16 matmuls (AVX512-BF16 or
+AMX) oneDNN's packed kernel beats ``F.linear`` for *every* linear layer and at every row count, one row included
+(2-core Intel host with AMX, whole decodes of ``bench/translate_beam.py``'s models: 1.15-1.4x the same bf16 model
+through ``F.linear``; GPT-2-like greedy batch 1: 1.8x; docs/BENCHMARKS.md). So :func:`pack_bf16_linears` packs
+them all, and the packed path takes bf16 input from one row up.
 
 :func:`pack_output_layers` turns the projection of every :class:`~aiayn.models.heads.LMHead` into a
 :class:`PackedLinear`: an ``nn.Linear`` that keeps its weight ``Parameter`` (so ``state_dict``, checkpoint saving
 and the tie to the embedding table are unchanged) plus a packed copy used only where it is valid:
 
-* fp32 input of at least two rows on the CPU with autograd off (``torch.no_grad`` / ``torch.inference_mode``),
-  oneDNN available; everything else (one row, training, CUDA, other dtypes) takes ``F.linear`` on the weight
-  itself;
-* the copy is rebuilt when the weight changes (its storage or in-place version counter moved, as after
-  ``load_state_dict`` or an optimizer step), so it is never stale.
+* input of the weight's dtype (fp32 from two rows, bf16 from one) on the CPU with autograd off
+  (``torch.no_grad`` / ``torch.inference_mode``), oneDNN available (for bf16: with native bf16 support);
+  everything else (one fp32 row, training, CUDA, other dtypes) takes ``F.linear`` on the weight itself;
+* the copy is rebuilt when the weight changes (its storage, dtype or in-place version counter moved, as after
+  ``load_state_dict``, ``model.to(torch.bfloat16)`` or an optimizer step), so it is never stale.
 
-Results equal ``F.linear`` up to float rounding (a different summation order). Memory: one extra fp32 copy of
-each output weight (65 MB at 512 x 32000).
+Results equal ``F.linear`` up to float rounding (a different summation order). Memory: one extra copy of each
+packed weight (65 MB at 512 x 32000 in fp32).
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, faster through F.linear (see the module docstring)
+# dtype -> fewest rows worth the packed kernel: one fp32 row is a matrix-vector product, faster through F.linear;
+# in bf16 the packed kernel wins from one row up (see the module docstring)
+MIN_PACKED_ROWS = {torch.float32: 2, torch.bfloat16: 1}
 MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see the module docstring)
 _Linear = TypeVar("_Linear", bound=nn.Linear)
 
@@ -46,8 +54,21 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN can prepack bf16 linear weights and this CPU multiplies bf16 natively (AVX512-BF16 / AMX)."""
+    return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packable_dtype(dtype: torch.dtype) -> bool:
+    """Whether this build and CPU have a prepacked oneDNN kernel worth using for ``dtype`` weights."""
+    if dtype == torch.bfloat16:
+        return onednn_bf16_available()
+    return dtype == torch.float32 and onednn_available()
+
+
 def pack_weight(weight: Tensor) -> Tensor:
-    """oneDNN's prepacked copy of an (out, in) fp32 linear weight (an opaque mkldnn tensor)."""
+    """oneDNN's prepacked copy of an (out, in) fp32 or bf16 linear weight (an opaque mkldnn tensor)."""
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
@@ -58,13 +79,13 @@ def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tens
 
 
 class PackedLinear(nn.Linear):
-    """``nn.Linear`` that multiplies by a oneDNN-prepacked copy of its weight at fp32 CPU inference.
+    """``nn.Linear`` that multiplies by a oneDNN-prepacked copy of its weight at fp32 or bf16 CPU inference.
 
     Build it with :meth:`from_linear`; it shares the original's ``weight`` and ``bias`` parameters.
     """
 
     _packed: Tensor | None
-    _packed_key: tuple[int, int] | None
+    _packed_key: tuple[int, int, torch.dtype] | None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
@@ -80,15 +101,16 @@ class PackedLinear(nn.Linear):
 
     def _usable(self, x: Tensor) -> bool:
         w = self.weight
-        return (x.numel() >= MIN_PACKED_ROWS * x.shape[-1] and x.device.type == "cpu" and w.device.type == "cpu"
-                and x.dtype == torch.float32
-                and w.dtype == torch.float32 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
-                and onednn_available())
+        min_rows = MIN_PACKED_ROWS.get(w.dtype)
+        return (min_rows is not None and x.dtype == w.dtype and x.numel() >= min_rows * x.shape[-1]
+                and x.device.type == "cpu" and w.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                and packable_dtype(w.dtype))
 
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
         w = self.weight
-        key = (w.data_ptr(), w._version)
+        key = (w.data_ptr(), w._version, w.dtype)
         if self._packed is None or self._packed_key != key:
             self._packed, self._packed_key = pack_weight(w), key
         return self._packed
@@ -105,7 +127,8 @@ def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FE
     """Make the projection of every ``LMHead`` of ``model`` a :class:`PackedLinear`, in place; returns ``model``.
 
     A no-op where oneDNN is unavailable, and idempotent. The packed copies are made lazily, on the first fp32
-    CPU inference call, so calling this on a model that will move to CUDA costs nothing.
+    CPU inference call, so calling this on a model that will move to CUDA costs nothing. (bf16 models get every
+    linear packed by :func:`pack_bf16_linears`.)
 
     Args:
         model: any aiayn model (the output heads of all three families hold an ``LMHead``).
@@ -122,8 +145,25 @@ def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FE
     return model
 
 
+def pack_bf16_linears(model: nn.Module) -> nn.Module:
+    """Make every bf16 ``nn.Linear`` of ``model`` a :class:`PackedLinear`, in place; returns ``model``.
+
+    For bf16 CPU inference (:func:`aiayn.nn.precision.cast_for_inference`): with native bf16 matmuls every layer,
+    narrow or wide, one row or many, was faster packed (see the module docstring). A no-op without native bf16
+    support in oneDNN, and idempotent; parameters, ties and ``state_dict`` are unchanged.
+    """
+    if not onednn_bf16_available():
+        return model
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16:
+                setattr(module, name, PackedLinear.from_linear(child))
+    return model
+
+
 def unpack_output_layers(model: nn.Module) -> nn.Module:
-    """Undo :func:`pack_output_layers` in place (plain ``nn.Linear`` with the same parameters); returns ``model``.
+    """Undo :func:`pack_output_layers` and :func:`pack_bf16_linears` in place (plain ``nn.Linear`` with the same
+    parameters); returns ``model``.
 
     For transformations that match modules by exact type, such as int8 dynamic quantization.
     """

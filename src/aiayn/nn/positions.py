@@ -115,6 +115,15 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling, factor, original_max_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """Moves follow ``fn`` (``.to(device)``, ``.cuda()``), but ``inv_freq`` stays fp32 under dtype casts
+        (``.to(torch.bfloat16)``, ``.half()``): a bf16 frequency times a position in the thousands is off by
+        radians (:mod:`aiayn.nn.precision`)."""
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def forward(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """positions (B|1, T) long -> cos, sin each (B|1, T, Dh), computed in fp32 then cast to ``dtype``."""
         freqs = positions[..., None].float() * self.inv_freq  # (B, T, Dh/2)
