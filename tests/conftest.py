@@ -45,3 +45,24 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def decisive_decoders() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A tiny decoder-only LM and encoder-decoder (vocab 50, eval mode) for comparing decodes across precisions:
+    the LM's large weights make greedy continuations vary (not one repeated token); the encoder-decoder's
+    spread-out, untied output layer with EOS (id 2) at logit 0 keeps beam outputs from being empty."""
+    from aiayn import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    lm = build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=50, norm_position="pre")).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    torch.manual_seed(0)
+    s2s = build_model(ModelConfig.preset("tiny", arch="encoder-decoder", vocab_size=50, tie_embeddings=False)).eval()
+    with torch.no_grad():
+        s2s.lm_head.proj.weight.normal_(0.0, 0.5)
+        s2s.lm_head.proj.weight[2] = 0.0
+    return lm, s2s

@@ -186,6 +186,13 @@ def test_classifier_evaluate_and_classify_cli(classifier: Path, data: dict[str, 
     out = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in out] == ["1", "0", "0"]
     assert all(0.5 <= float(line.split("\t")[1]) <= 1.0 for line in out)
+    # bf16 inference: the same labels, probabilities within bf16 rounding
+    assert main(["classify", "--checkpoint", str(classifier), "--input", str(texts), "--dtype", "bfloat16",
+                 "--device", "cpu"]) == 0
+    out_bf16 = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in out_bf16] == ["1", "0", "0"]
+    for line, line_bf16 in zip(out, out_bf16, strict=True):
+        assert abs(float(line.split("\t")[1]) - float(line_bf16.split("\t")[1])) < 0.05
 
 
 def test_broken_tsv_row_is_a_clear_error(tmp_path: Path, data: dict[str, Path],

@@ -72,3 +72,25 @@ def test_cuda_autocast_logits_are_close_to_float32(variant: str, dtype: torch.dt
     assert bool(torch.isfinite(low).all())
     tolerance = 0.1 if dtype == torch.bfloat16 else 0.02  # 8 vs 11 mantissa bits over a few layers
     torch.testing.assert_close(low.float(), full, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", ["decoder-rope-gqa-swiglu", "seq2seq-sinusoidal"])
+def test_cuda_inference_cast_is_close_to_float32_and_decodes(variant: str, dtype: torch.dtype) -> None:
+    """``--dtype`` on CUDA: the whole model cast (no CPU layout), logits close to fp32, cached decoding runs."""
+    from aiayn.generate import generate, translate
+    from aiayn.nn.precision import cast_for_inference
+
+    _, gpu = _pair(variant)
+    low = cast_for_inference(copy.deepcopy(gpu), dtype)
+    assert all(p.dtype == dtype and p.is_cuda for p in low.parameters())
+    inputs = {k: v.cuda() for k, v in _inputs(VARIANTS[variant]["arch"]).items()}
+    with torch.inference_mode():
+        full, out = gpu.eval()(**inputs).logits, low(**inputs).logits
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    tolerance = 0.1 if dtype == torch.bfloat16 else 0.02
+    torch.testing.assert_close(out.float(), full, atol=tolerance, rtol=0)
+    if VARIANTS[variant]["arch"] == "decoder":
+        assert [len(x) for x in generate(low, [[5, 6], [7]], max_new_tokens=6, greedy=True, stop_ids=())] == [6, 6]
+    else:
+        assert len(translate(low, inputs["src"], beam_size=3, max_len_b=4)) == 3
