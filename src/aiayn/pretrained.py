@@ -82,7 +82,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     elif dtype != torch.float32:
         from aiayn.nn.precision import cast_for_inference
 
-        cast_for_inference(model, dtype)  # with the CPU layout below where the model is on the CPU
+        cast_for_inference(model, dtype)  # which also gives a CPU model the decoding layout
     elif next(model.parameters()).device.type == "cpu":
         from aiayn.nn.layout import cpu_inference_layout
 
