@@ -12,6 +12,7 @@ from torch import nn
 from aiayn import ModelConfig, build_model
 from aiayn.generate import generate, translate
 from aiayn.models.heads import LMHead
+from aiayn.nn.cpu_gemm import use_fp32_backend
 from aiayn.nn.layout import column_major_linears, is_column_major
 from aiayn.nn.packed import PackedLinear, onednn_available, unpack_output_layers
 from aiayn.nn.packed import pack_output_layers as pack_wide_only
@@ -19,6 +20,14 @@ from aiayn.nn.quantize import quantize_int8
 from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def _torch_fp32_backend():
+    """These tests hold the policy of hosts where torch's BLAS is the fp32 backend (fp32 packed from two rows, only
+    where packed); tests/unit/test_cpu_gemm.py covers hosts where oneDNN is (every layer, by size)."""
+    with use_fp32_backend("torch"):
+        yield
 
 
 def _model(arch: str, seed: int = 0, **kw: object) -> nn.Module:

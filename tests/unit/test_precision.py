@@ -12,6 +12,7 @@ from torch import nn
 
 from aiayn import AiaynError, ModelConfig, build_model
 from aiayn.generate import generate, translate
+from aiayn.nn.cpu_gemm import use_fp32_backend
 from aiayn.nn.packed import PackedLinear, onednn_bf16_available
 from aiayn.nn.precision import cast_for_inference, inference_dtype
 from aiayn.nn.quantize import quantize_int8
@@ -77,7 +78,9 @@ def test_a_packed_fp32_model_cast_to_bf16_repacks() -> None:
     ref = _model("decoder")
     model = pack_output_layers(copy.deepcopy(ref), min_in_features=1)
     ids = torch.randint(3, 60, (2, 7))
-    with torch.inference_mode():
+    # under torch's fp32 policy the packed copy is used from 2 rows (oneDNN's packs only layers this small from
+    # MIN_ONEDNN_MACS multiply-adds per call)
+    with torch.inference_mode(), use_fp32_backend("torch"):
         model(ids)  # builds the fp32 packed copy
         assert isinstance(model.lm_head.proj, PackedLinear) and model.lm_head.proj._packed is not None
         out = cast_for_inference(model, BF16)(ids).logits

@@ -51,9 +51,10 @@ def cpu_inference_layout(model: nn.Module) -> nn.Module:
     """The weight layout for decoding on CPU, in place; returns ``model``.
 
     Every linear weight column-major (:func:`column_major_linears`), every output layer prepacked for oneDNN
-    (:func:`aiayn.nn.packed.pack_output_layers`) and, in a bf16 model, every linear layer prepacked
-    (:func:`aiayn.nn.packed.pack_bf16_linears`). Values, parameters, ties and ``state_dict`` are unchanged.
+    (:func:`aiayn.nn.packed.pack_output_layers`) and, in a bf16 model or where oneDNN is the fp32 backend
+    (:mod:`aiayn.nn.cpu_gemm`), every linear layer prepacked (:func:`aiayn.nn.packed.pack_bf16_linears`,
+    :func:`aiayn.nn.packed.use_fast_cpu_linears`). Values, parameters, ties and ``state_dict`` are unchanged.
     """
-    from aiayn.nn.packed import pack_bf16_linears, pack_output_layers
+    from aiayn.nn.packed import pack_bf16_linears, pack_output_layers, use_fast_cpu_linears
 
-    return pack_bf16_linears(pack_output_layers(column_major_linears(model)))
+    return pack_bf16_linears(pack_output_layers(use_fast_cpu_linears(column_major_linears(model))))

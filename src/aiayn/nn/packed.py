@@ -38,20 +38,19 @@ import functools
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.nn import cpu_gemm
+from aiayn.nn.cpu_gemm import onednn_available
 
 # dtype -> fewest rows worth the packed kernel: one fp32 row is a matrix-vector product, faster through F.linear;
 # in bf16 the packed kernel wins from one row up (see the module docstring)
 MIN_PACKED_ROWS = {torch.float32: 2, torch.bfloat16: 1}
 MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see the module docstring)
+#: where oneDNN is the fp32 backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`): the fewest multiply-adds per call
+#: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
+MIN_ONEDNN_MACS = 1 << 19
 _Linear = TypeVar("_Linear", bound=nn.Linear)
-
-
-@functools.cache
-def onednn_available() -> bool:
-    """Whether this PyTorch build can prepack linear weights with oneDNN."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 @functools.cache
@@ -102,10 +101,13 @@ class PackedLinear(nn.Linear):
     def _usable(self, x: Tensor) -> bool:
         w = self.weight
         min_rows = MIN_PACKED_ROWS.get(w.dtype)
-        return (min_rows is not None and x.dtype == w.dtype and x.numel() >= min_rows * x.shape[-1]
-                and x.device.type == "cpu" and w.device.type == "cpu"
+        if not (min_rows is not None and x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
-                and packable_dtype(w.dtype))
+                and packable_dtype(w.dtype) and not torch.is_autocast_enabled("cpu")):
+            return False
+        if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
+            return x.numel() * w.shape[0] >= MIN_ONEDNN_MACS
+        return x.numel() >= min_rows * x.shape[-1]
 
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
@@ -118,7 +120,7 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding."""
         if not self._usable(x):
-            return F.linear(x, self.weight, self.bias)
+            return cpu_gemm.linear(x, self.weight, self.bias)  # F.linear, or oneDNN for fp32 CPU training
         bias = None if self.bias is None else self.bias.detach()
         return packed_linear(x, self.packed_weight(), bias)
 
@@ -157,6 +159,24 @@ def pack_bf16_linears(model: nn.Module) -> nn.Module:
     for module in model.modules():
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16:
+                setattr(module, name, PackedLinear.from_linear(child))
+    return model
+
+
+def use_fast_cpu_linears(model: nn.Module) -> nn.Module:
+    """Where oneDNN is the fp32 CPU backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`), make every ``nn.Linear`` of
+    ``model`` a :class:`PackedLinear`, in place; returns ``model``.
+
+    Training then runs each layer's three products through oneDNN (:func:`aiayn.nn.cpu_gemm.linear`), and
+    inference through a prepacked weight from ``MIN_ONEDNN_MACS`` multiply-adds per call up. Elsewhere (Intel
+    CPUs, builds without oneDNN) a no-op. Idempotent; parameters, ties and ``state_dict`` are unchanged, and the
+    layers still work on any device and dtype (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it.
+    """
+    if cpu_gemm.fp32_backend() != "onednn":
+        return model
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
                 setattr(module, name, PackedLinear.from_linear(child))
     return model
 

@@ -23,6 +23,9 @@ Under ``torch.autocast`` the three matmuls run in autocast's dtype, as a linear 
 the logits are copied into the float32 buffer, the softmax and the sum of the weight gradient over chunks stay
 float32, and on CPU the low-precision weight copy, chunk and weight-gradient product are a second workspace.
 
+In float32 on CPUs where oneDNN is the faster matmul library (:mod:`aiayn.nn.cpu_gemm`), the three matmuls run
+through oneDNN.
+
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).
 """
@@ -36,6 +39,7 @@ import threading
 import torch
 from torch import Tensor
 
+from aiayn.nn.cpu_gemm import mm_nt, onednn_applies
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 
 #: logits elements per chunk on accelerators (float32: 256 MB): few, large kernels
@@ -125,8 +129,8 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             if low:  # low-precision matmul, float32 logits
                 hc_low = hc.to(compute_dtype)
                 z = logits_buffer[:n].copy_(torch.matmul(hc_low, w.T, out=z_low[:n]))
-            else:
-                z = torch.matmul(hc, w.T, out=logits_buffer[:n])  # (n, V) logits
+            else:  # through oneDNN where it is the faster fp32 CPU library (aiayn.nn.cpu_gemm)
+                z = mm_nt(hc, w, out=logits_buffer[:n])  # (n, V) logits
             logp = torch.log_softmax(z, -1, out=logp_buffer[:n])  # (n, V): one fused, row-local pass
             logp_label = logp.gather(1, label).squeeze(1)  # (n,)
             nll = -logp_label
@@ -150,8 +154,10 @@ class _LinearSmoothedNLL(torch.autograd.Function):
                     grad_w = grad_w_low.float() if grad_w is None else grad_w.add_(grad_w_low)
             else:
                 if grad_h_kept is not None:
-                    torch.matmul(g, w, out=grad_h_kept[rows])
-                if need_w:
+                    mm_nt(g, w.T, out=grad_h_kept[rows])  # g @ W
+                if need_w and onednn_applies(g, hc):  # g^T @ h, each chunk's product added
+                    grad_w = mm_nt(g.T, hc.T) if grad_w is None else grad_w.add_(mm_nt(g.T, hc.T))
+                elif need_w:
                     if grad_w is None:
                         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
                     grad_w.addmm_(g.T, hc)

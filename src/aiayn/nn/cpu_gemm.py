@@ -1,0 +1,153 @@
+"""Which library multiplies fp32 matrices on the CPU: torch's default BLAS (MKL) or oneDNN.
+
+PyTorch's x86 builds run fp32 ``F.linear`` / ``torch.matmul`` through Intel MKL. On AMD CPUs with AVX-512 (Zen 4,
+Zen 5) MKL takes a slower code path: on this project's 2-core AMD EPYC host (family 26, Zen 5) a 2048^3 fp32
+product ran at about 180 GFLOP/s through MKL and 430 through oneDNN, the library PyTorch ships for its CPU
+compiler backend (``torch.ops.mkldnn``), and every training shape measured (paper-base, GPT-2 small, forward and
+both backward products) ran 1.7-2.4x faster through oneDNN (docs/BENCHMARKS.md, twenty-eighth session). On
+Intel CPUs MKL is at least as fast for the small products of decoding, so nothing changes there.
+
+:func:`fp32_backend` is the policy: ``"onednn"`` where it wins (AMD CPU with AVX-512, an MKL build of torch and
+oneDNN present), else ``"torch"``; the environment variable ``AIAYN_FP32_CPU_GEMM`` (``auto``, ``onednn``,
+``torch``) or :func:`use_fp32_backend` overrides it. Where the policy says oneDNN:
+
+* :func:`linear` is ``F.linear`` with oneDNN's kernel for fp32 CPU tensors, differentiable (:class:`OneDNNLinear`:
+  the forward product and both backward products through oneDNN, plain (unpacked) weights, so an optimizer may
+  change them every step);
+* :func:`mm_nt` is ``a @ b.T`` likewise (the fused projection + loss of :mod:`aiayn.train.fused_loss`);
+* model linear layers become :class:`aiayn.nn.packed.PackedLinear` (:func:`aiayn.nn.packed.use_fast_cpu_linears`),
+  which calls :func:`linear` when training and a prepacked weight at inference.
+
+Results equal torch's up to float rounding (a different summation order); everything that is not an fp32 CPU
+tensor outside autocast (CUDA, bf16, float64, autocast regions) takes torch's own path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BACKENDS = ("auto", "onednn", "torch")
+ENV_VAR = "AIAYN_FP32_CPU_GEMM"
+_override: str | None = None  # set by use_fp32_backend
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor string ("GenuineIntel", "AuthenticAMD", ...; "" when unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    text = platform.processor()  # Windows: "AMD64 Family 26 Model 2 Stepping 0, AuthenticAMD"
+    for vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine"):
+        if vendor in text:
+            return vendor
+    return ""
+
+
+@functools.cache
+def _auto_backend() -> str:
+    mkl_on_amd_avx512 = (torch.backends.mkl.is_available() and cpu_vendor() in ("AuthenticAMD", "HygonGenuine")
+                         and torch.backends.cpu.get_cpu_capability() == "AVX512")
+    return "onednn" if mkl_on_amd_avx512 and onednn_available() else "torch"
+
+
+def fp32_backend() -> str:
+    """``"onednn"`` or ``"torch"``: the library for fp32 CPU matmuls (see the module docstring).
+
+    Order: :func:`use_fp32_backend`, then ``AIAYN_FP32_CPU_GEMM``, then the automatic choice. Asking for oneDNN
+    in a build without it gives ``"torch"``.
+    """
+    choice = _override or os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in BACKENDS:
+        raise ValueError(f"{ENV_VAR}={choice!r}: choose one of {', '.join(BACKENDS)}")
+    if choice == "auto":
+        return _auto_backend()
+    return "onednn" if choice == "onednn" and onednn_available() else "torch"
+
+
+@contextlib.contextmanager
+def use_fp32_backend(choice: str) -> Iterator[None]:
+    """Within the block, :func:`fp32_backend` follows ``choice`` ("auto", "onednn" or "torch")."""
+    global _override
+    if choice not in BACKENDS:
+        raise ValueError(f"backend {choice!r}: choose one of {', '.join(BACKENDS)}")
+    previous, _override = _override, choice
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+def onednn_applies(*tensors: Tensor) -> bool:
+    """Whether oneDNN should multiply these tensors: all fp32 on the CPU, no CPU autocast, policy "onednn"."""
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and not torch.is_autocast_enabled("cpu") and fp32_backend() == "onednn")
+
+
+def _onednn_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """a (M, K) @ b (N, K)^T (+ bias) -> (M, N) through oneDNN (any strides)."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` whose forward and backward products run through oneDNN (fp32 CPU tensors)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        x2 = x.reshape(-1, x.shape[-1])  # (M, in)
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_nt(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        x2, weight = ctx.saved_tensors
+        g = grad_out.reshape(-1, weight.shape[0])  # (M, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_nt(g, weight.t()).view(*grad_out.shape[:-1], weight.shape[1])  # g @ W: (..., in)
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_nt(g.t(), x2.t())  # g^T @ x: (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out).
+
+    Through oneDNN (forward and backward) where :func:`onednn_applies`, else ``F.linear`` itself.
+    """
+    if onednn_applies(x, weight) and x.numel():
+        return OneDNNLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def mm_nt(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """``a @ b.T``: a (M, K), b (N, K) -> (M, N), written into ``out`` when given. Not differentiable through
+    oneDNN: for code that computes its own gradients (:mod:`aiayn.train.fused_loss`).
+
+    Through oneDNN where :func:`onednn_applies` (its result is then copied into ``out``), else ``torch.matmul``.
+    """
+    if onednn_applies(a, b) and a.numel() and b.numel():
+        result = _onednn_nt(a, b)
+        return result if out is None else out.copy_(result)
+    return torch.matmul(a, b.T, out=out)

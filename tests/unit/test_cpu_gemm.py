@@ -1,0 +1,210 @@
+"""The fp32 CPU matmul policy (aiayn.nn.cpu_gemm): oneDNN where it beats torch's BLAS, torch's everywhere else.
+
+Every oneDNN path must equal torch's up to float rounding: linear layers forward and backward, the fused projection +
+loss, whole models in training and inference (packed by size), decoding, int8 quantization of such a model. The
+tests force each backend, so they hold on any host.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn import ModelConfig, build_model
+from aiayn.generate import generate, translate
+from aiayn.nn import cpu_gemm
+from aiayn.nn.cpu_gemm import fp32_backend, linear, mm_nt, onednn_available, use_fp32_backend
+from aiayn.nn.layout import cpu_inference_layout
+from aiayn.nn.packed import MIN_ONEDNN_MACS, PackedLinear
+from aiayn.nn.quantize import quantize_int8
+from aiayn.train.fused_loss import linear_label_smoothed_nll
+from aiayn.train.losses import label_smoothed_nll
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+def _auto(monkeypatch: pytest.MonkeyPatch, vendor: str, capability: str) -> str:
+    cpu_gemm._auto_backend.cache_clear()
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv(cpu_gemm.ENV_VAR, raising=False)
+    try:
+        return fp32_backend()
+    finally:
+        cpu_gemm._auto_backend.cache_clear()
+
+
+@needs_onednn
+def test_auto_picks_onednn_only_for_mkl_on_amd_with_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == "onednn"
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX2") == "torch"  # Zen 2/3: MKL's AVX2 path is the CPU's best
+    assert _auto(monkeypatch, "GenuineIntel", "AVX512") == "torch"
+    assert _auto(monkeypatch, "", "AVX512") == "torch"
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)  # another BLAS: leave it alone
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == "torch"
+
+
+def test_the_environment_and_the_context_override_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_gemm.ENV_VAR, "torch")
+    assert fp32_backend() == "torch"
+    monkeypatch.setenv(cpu_gemm.ENV_VAR, "onednn")
+    assert fp32_backend() == ("onednn" if onednn_available() else "torch")
+    with use_fp32_backend("torch"):
+        assert fp32_backend() == "torch"
+    monkeypatch.setenv(cpu_gemm.ENV_VAR, "blas")
+    with pytest.raises(ValueError, match="AIAYN_FP32_CPU_GEMM='blas': choose one of auto, onednn, torch"):
+        fp32_backend()
+    with pytest.raises(ValueError, match="choose one of"):
+        with use_fp32_backend("mkl"):
+            pass
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_onednn_linear_equals_f_linear_forward_and_backward(bias: bool, x_grad: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 48, requires_grad=x_grad)
+    w = torch.randn(40, 48, requires_grad=True)
+    b = torch.randn(40, requires_grad=True) if bias else None
+    grad_out = torch.randn(3, 7, 40)
+    results = []
+    for backend in ("onednn", "torch"):
+        with use_fp32_backend(backend):
+            y = linear(x, w, b)
+        grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None and t.requires_grad], grad_out)
+        results.append((y, *grads))
+    assert results[0][0].grad_fn.name().startswith("OneDNNLinear")  # the oneDNN path really ran
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_other_dtypes_autocast_and_empty_inputs_take_torchs_path() -> None:
+    w = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 16, dtype=torch.float64)
+    with use_fp32_backend("onednn"):
+        assert linear(x, w).grad_fn.name() != "OneDNNLinearBackward"
+        torch.testing.assert_close(linear(x, w), F.linear(x, w))
+        w32 = w.detach().float().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert linear(x.float(), w32).dtype == torch.bfloat16  # autocast's own cast, as for F.linear
+        assert linear(torch.randn(0, 16), w32).shape == (0, 8)
+        out = torch.empty(4, 8)
+        assert mm_nt(x.float(), w32.detach(), out=out) is out
+        torch.testing.assert_close(out, x.float() @ w32.detach().T, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("epsilon,ignore", [(0.0, None), (0.1, 0)])
+def test_the_fused_loss_through_onednn_equals_the_reference(epsilon: float, ignore: int | None) -> None:
+    torch.manual_seed(1)
+    h = torch.randn(300, 32, requires_grad=True)
+    w = torch.randn(50, 32, requires_grad=True)
+    labels = torch.randint(0, 50, (300,))
+    labels[::7] = -100
+    with use_fp32_backend("onednn"):
+        loss, nll, n = linear_label_smoothed_nll(h, w, labels, epsilon, ignore_vocab_id=ignore, chunk_rows=128)
+    grad_h, grad_w = torch.autograd.grad(loss, [h, w])
+    ref = label_smoothed_nll(h @ w.T, labels, epsilon, "sum", ignore)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    ref_h, ref_w = torch.autograd.grad(ref, [h, w])
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad_h, ref_h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_w, ref_w, rtol=1e-5, atol=1e-4)
+
+
+def _config(arch: str) -> ModelConfig:
+    kw = {"n_classes": 3} if arch == "encoder" else {}
+    return ModelConfig.preset("tiny", arch=arch, vocab_size=300, d_model=64, d_ff=256, **kw)
+
+
+def _build(arch: str, backend: str) -> nn.Module:
+    torch.manual_seed(0)
+    with use_fp32_backend(backend):
+        return build_model(_config(arch))
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_build_model_uses_onednn_linears_only_where_it_is_the_backend(arch: str) -> None:
+    fast, plain = _build(arch, "onednn"), _build(arch, "torch")
+    linears = [m for m in fast.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is PackedLinear for m in linears)
+    assert not any(type(m) is PackedLinear for m in plain.modules())
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), plain.state_dict().values()))
+    if arch != "encoder":  # the output layer stays tied to the embedding table
+        embed = fast.tgt_embed if arch == "encoder-decoder" else fast.embed
+        assert fast.lm_head.proj.weight is embed.weight
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_training_steps_match_between_backends(arch: str) -> None:
+    """Three SGD steps of the fused-loss training path: same losses and weights up to rounding. (Not Adam: it
+    divides by the gradient's size, so on the key bias, whose true gradient is zero, it amplifies rounding to
+    +-lr.)"""
+    ids = torch.randint(3, 300, (4, 12))
+    losses, params = {}, {}
+    for backend in ("onednn", "torch"):
+        model = _build(arch, backend).train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses[backend] = []
+        with use_fp32_backend(backend):
+            for step in range(3):
+                torch.manual_seed(10 + step)  # the same dropout masks
+                hidden = (model(ids, ids[:, :-1], compute_logits=False) if arch == "encoder-decoder"
+                          else model(ids[:, :-1], compute_logits=False)).hidden
+                loss = linear_label_smoothed_nll(hidden, model.lm_head.proj.weight, ids[:, 1:], 0.1)[0]
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses[backend].append(loss.item())
+        params[backend] = [p.detach() for p in model.parameters()]
+    assert losses["onednn"] == pytest.approx(losses["torch"], rel=1e-5)
+    for a, b in zip(params["onednn"], params["torch"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_inference_packs_by_size_and_matches_torch() -> None:
+    plain = _build("decoder", "torch").eval()
+    with use_fp32_backend("onednn"):
+        fast = cpu_inference_layout(copy.deepcopy(plain))
+        ffn_in = fast.decoder.layers[0].ffn.w_in
+        assert type(ffn_in) is PackedLinear
+        for ids in (torch.randint(3, 300, (1, 1)), torch.randint(3, 300, (4, 40))):
+            with torch.inference_mode():
+                torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-5, atol=1e-5)
+            if ids.numel() == 1:
+                assert ffn_in._packed is None  # one row x 64 x 256: below MIN_ONEDNN_MACS, F.linear
+    # 160 rows x 64 x 256 multiply-adds reach MIN_ONEDNN_MACS, one row does not
+    assert 160 * 64 * 256 >= MIN_ONEDNN_MACS > 64 * 256
+    assert ffn_in._packed is not None
+
+
+@needs_onednn
+def test_decoding_and_int8_agree_between_backends() -> None:
+    s2s_plain = _build("encoder-decoder", "torch").eval()
+    lm_plain = _build("decoder", "torch").eval()
+    src = torch.randint(4, 300, (3, 9))
+    prompts = [[5, 6, 7], [8, 9]]
+    with use_fp32_backend("onednn"):
+        s2s = cpu_inference_layout(_build("encoder-decoder", "onednn").eval())
+        lm = cpu_inference_layout(_build("decoder", "onednn").eval())
+        beams = translate(s2s, src, beam_size=4, max_len_b=10)
+        tokens = generate(lm, prompts, max_new_tokens=8, greedy=True)
+        int8 = quantize_int8(lm)
+        assert not any(type(m) is PackedLinear for m in int8.modules())
+        assert len(generate(int8, prompts, max_new_tokens=4, greedy=True)) == 2
+    with use_fp32_backend("torch"):
+        ref_beams = translate(s2s_plain, src, beam_size=4, max_len_b=10)
+        ref_tokens = generate(lm_plain, prompts, max_new_tokens=8, greedy=True)
+    assert [[h.tokens for h in s] for s in beams] == [[h.tokens for h in s] for s in ref_beams]
+    assert tokens == ref_tokens
