@@ -18,7 +18,8 @@ its trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer
 kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
 
 MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s (a 2048^3
-matmul, as :mod:`matmul_peak`, timed in the same alternating rounds so it sees the same load); tokens are
+matmul through each library at hand, MKL and oneDNN, the faster counting, as :mod:`matmul_peak`, timed in the same
+alternating rounds so it sees the same load); tokens are
 target tokens. Peak memory: each configuration trains 2 steps in its own
 subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports.
 
@@ -51,6 +52,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import matmul_peak  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.models import forward_flops_per_token  # noqa: E402
@@ -261,8 +263,7 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
     """
     setups = setups or list(SETUPS)
     n = 1024 if quick else 2048
-    mm_dtype = getattr(torch, dtype)
-    a, b, c_out = (torch.randn(n, n).to(mm_dtype) for _ in range(3))
+    products = matmul_peak.matmul_products(n, getattr(torch, dtype))
     rows = []
     for setup in setups:
         impls, s, c = SETUPS[setup]["impls"], setup_shape(setup, shape), model_config(setup, quick, cfg)
@@ -270,9 +271,9 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
         for impl in impls:
             steps[impl], tokens = build_step(setup, impl, quick, cfg=cfg, shape=shape, dtype=dtype)
         if peak_flops is None:
-            steps["matmul"] = lambda: torch.mm(a, b, out=c_out)
+            steps.update(products)
         times = benchlib.alternate(steps, runs=runs, warmup=warmup)
-        peak = peak_flops or 2.0 * n**3 / benchlib.median(times["matmul"])
+        peak = peak_flops or matmul_peak.peak_flops(n, times)[0]
         flops_tok = 3 * forward_flops_per_token(c, src_len=s["src"], tgt_len=s["tgt"])
         t_ours = benchlib.median(times["aiayn"])
         for impl in impls:

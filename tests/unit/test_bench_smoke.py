@@ -45,6 +45,16 @@ def test_alternate_interleaves_and_table_formats() -> None:
 def test_matmul_peak_counts_flops() -> None:
     out = matmul_peak.matmul_peak(n=64, runs=2, warmup=0)
     assert out["median_flops"] > 0 and out["best_flops"] >= out["median_flops"]
+    from aiayn.nn.cpu_gemm import onednn_available
+
+    libraries = out["by_library"]
+    assert set(libraries) == ({"torch.mm", "onednn"} if onednn_available() else {"torch.mm"})
+    assert out["median_flops"] == max(r["median_flops"] for r in libraries.values())  # the faster one counts
+    assert out["library"] in libraries and libraries[out["library"]]["median_flops"] == out["median_flops"]
+    products = matmul_peak.matmul_products(8)
+    reference = products["torch.mm"]().clone()
+    for name, fn in products.items():  # every library times the same product
+        torch.testing.assert_close(fn(), reference, msg=name)
 
 
 def test_gpt2_weight_copy_gives_the_same_model() -> None:
@@ -107,6 +117,16 @@ def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None
     with pytest.raises(SystemExit, match="SIZE:BATCH"):
         ab_revisions.parse_case("multi30k")
     assert ab_revisions.checkout("WORKTREE", Path("/nonexistent")) == ab_revisions.REPO / "src"
+
+
+def test_ab_revisions_times_greedy_generation() -> None:
+    size = generate_lm.LMSize(n_layers=1, d_model=32, n_heads=2, vocab_size=300, max_len=64)
+    a = ab_revisions.time_generate_case(2, runs=2, size=size, prompt_len=3, new_tokens=5)
+    assert len(a["times"]) == 2 and a["units"] == 10
+    assert a["digest"] == ab_revisions.time_generate_case(2, runs=1, size=size, prompt_len=3, new_tokens=5)["digest"]
+    assert ab_revisions.parse_case("generate:16") == 16
+    with pytest.raises(SystemExit, match="generate:BATCH"):
+        ab_revisions.parse_case("generate:x")
 
 
 def test_ab_revisions_times_training_steps_with_a_loss_digest() -> None:
