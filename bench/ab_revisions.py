@@ -8,12 +8,14 @@ run is a fresh subprocess importing that revision's ``aiayn``, decoding the rand
 ``same_output`` compares the hypotheses of the two revisions. A ``train:SETUP`` case instead times training
 steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup on its fixed random batch, in
 target tokens/s; ``same_output`` then compares the step losses to 4 significant digits. ``train-bf16:SETUP``
-does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``).
+does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``). A ``generate:BATCH`` case times greedy
+generation of ``generate_lm.py``'s GPT-2-like model (16-token prompts, 128 new tokens, no stop id) in tokens/s.
 
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
     .venv/bin/python bench/ab_revisions.py --base HEAD~2 --head HEAD --cases train:seq2seq-multi30k-tiny
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD --cases train-bf16:lm-gpt2-small
+    .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases generate:1 generate:16
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import generate_lm  # noqa: E402
 import train_throughput  # noqa: E402
 from translate_beam import BOS, EOS, PAD, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa: E402
 
@@ -87,22 +90,51 @@ def time_train_case(setup: str, runs: int, quick: bool = False, dtype: str = "fl
     return {"times": times, "units": tokens, "digest": digest}
 
 
-def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str:
+def time_generate_case(batch: int, runs: int, size: generate_lm.LMSize | None = None, prompt_len: int = 16,
+                       new_tokens: int = 128) -> dict[str, Any]:
+    """Time ``runs`` greedy generations (after one warm-up) of ``generate_lm.py``'s model with this process's
+    ``aiayn`` (random prompts, no stop id: exactly ``new_tokens`` each).
+
+    Returns ``{"times": [s, ...], "units": tokens per run, "digest": hash of the tokens}``.
+    """
+    from aiayn.generate import generate
+
+    ours, _ = generate_lm.build_pair(size or generate_lm.LMSize())
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(5, ours.config.vocab_size - 1, (batch, prompt_len), generator=g).tolist()
+    out = generate(ours, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        generate(ours, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
+        times.append(time.perf_counter() - t0)
+    return {"times": times, "units": batch * new_tokens,
+            "digest": hashlib.sha256(json.dumps(out).encode()).hexdigest()[:16]}
+
+
+def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str | int:
     """``"multi30k:32"`` -> (the size, batch 32); ``"train:SETUP"`` or ``"train-bf16:SETUP"`` -> the training
-    setup's name."""
+    setup's name; ``"generate:16"`` -> 16 (the batch of greedy generation)."""
     name, _, arg = case.partition(":")
+    if name == "generate":
+        if not arg.isdigit() or int(arg) < 1:
+            raise SystemExit(f"--cases: {case!r}: generate:BATCH needs a positive batch size")
+        return int(arg)
     if name in ("train", "train-bf16"):
         if arg not in train_throughput.SETUPS:
             raise SystemExit(f"--cases: {case!r}: {name}:SETUP needs SETUP one of {sorted(train_throughput.SETUPS)}")
         return arg
     if name not in SIZES or not arg.isdigit():
-        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}, or train:SETUP")
+        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}, train:SETUP "
+                         "or generate:BATCH")
     return SIZES[name], int(arg)
 
 
 def run_case(case: str, runs: int) -> dict[str, Any]:
     """Time one case with the ``aiayn`` this process imports (``units``: sentences or tokens per timed run)."""
     parsed = parse_case(case)
+    if isinstance(parsed, int):
+        return time_generate_case(parsed, runs)
     if isinstance(parsed, str):
         return time_train_case(parsed, runs, dtype="bfloat16" if case.startswith("train-bf16:") else "float32")
     return {**time_case(*parsed, runs=runs), "units": parsed[1]}
@@ -147,7 +179,7 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
         units = by["base"][0]["units"]
         times = {w: [t for r in by[w] for t in r["times"]] for w in ("base", "head")}
         med = {w: benchlib.median(ts) for w, ts in times.items()}
-        rows.append({"case": case, "unit": "tok/s" if case.startswith("train") else "sent/s",
+        rows.append({"case": case, "unit": "sent/s" if isinstance(parse_case(case), tuple) else "tok/s",
                      "base_per_s": units / med["base"], "head_per_s": units / med["head"],
                      "speedup": med["base"] / med["head"],
                      "same_output": len({r["digest"] for w in by for r in by[w]}) == 1, "times": times})
@@ -161,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--head", default="HEAD", help="git revision after it, or WORKTREE (default HEAD)")
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES,
                    help="SIZE:BATCH (beam-4 translation, SIZE in translate_beam.SIZES) or train:SETUP (training "
-                        "steps, SETUP in train_throughput.SETUPS), or train-bf16:SETUP (the same under bf16 autocast)")
+                        "steps, SETUP in train_throughput.SETUPS), train-bf16:SETUP (the same under bf16 autocast), "
+                        "or generate:BATCH (greedy generation of generate_lm.py's model)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--runs", type=int, default=3, help="timed decodes or steps per subprocess (default 3)")
     p.add_argument("--threads", type=int, default=benchlib.THREADS)
