@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     payload = bench_ab(args.base, args.head, args.cases, args.rounds, args.runs, args.threads)
     payload["wall_s"] = time.perf_counter() - t0
     print(f"{args.base} (base) vs {args.head} (head); median of {args.rounds} x {args.runs} alternating runs; beam-4 "
-          "translation in sentences/s, training in target tokens/s")
+          "translation in sentences/s, training in target tokens/s, generation in tokens/s")
     print(benchlib.table(payload["rows"], ["case", "unit", "base_per_s", "head_per_s", "speedup", "same_output"]))
     path = benchlib.write_results("ab_revisions" + (f"-{args.tag}" if args.tag else ""), payload)
     print(f"written {path} ({payload['wall_s']:.0f} s)")

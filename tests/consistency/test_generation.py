@@ -15,15 +15,19 @@ from torch import nn
 from aiayn import AiaynError, ModelConfig, build_model
 from aiayn.generate import (
     LMStepper,
+    decode_loop,
     filter_logits,
     generate,
+    greedy_choice,
     greedy_translate,
     left_pad,
     length_penalty,
+    make_sampler,
     top_k_filter,
     top_p_filter,
     translate,
 )
+from aiayn.generate.topk import MIN_BLOCKED_ARGMAX
 from aiayn.models import DecoderModel, EncoderDecoderModel
 
 PAD, BOS, EOS = 0, 1, 2
@@ -364,6 +368,36 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(device: str) -> None:
     assert generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_ids=()) == greedy
     assert generate(model, PROMPTS, max_new_tokens=12, seed=5, top_p=1e-6, stop_ids=()) == greedy
     assert all(len(o) == 12 and PAD not in o for o in a)
+
+
+def test_decode_loop_without_logprob_makes_the_same_choices(device: str) -> None:
+    """``generate`` decodes without a log-softmax pass (``decode_loop(with_logprob=False)``): the choices on the
+    logits equal those on the log-probs, greedy (the blocked argmax path: 8 rows x 6000 ids) and sampled, and
+    equal uncached greedy decoding."""
+    model = lm("rope", vocab_size=6000).to(device)
+    prompts = [[BOS, 5 + i, 40 * i + 7] for i in range(8)]
+    assert len(prompts) * 6000 >= MIN_BLOCKED_ARGMAX
+    ids, is_token = left_pad(prompts, device=device)
+
+    def run(choose: object, with_logprob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            stepper = LMStepper(model, ids, is_token, capacity=ids.shape[1] + 10)
+            budget = torch.full((len(prompts),), 10, device=device)
+            tokens, _, logprob = decode_loop(stepper, choose, budget, stop_ids=(), banned_ids=(PAD,),
+                                             with_logprob=with_logprob)
+        return tokens.cpu(), logprob.cpu()
+
+    greedy, logprob = run(greedy_choice, True)
+    greedy_fast, no_logprob = run(greedy_choice, False)
+    assert torch.equal(greedy, greedy_fast)
+    assert logprob.isfinite().all() and no_logprob.isnan().all()
+    assert greedy.tolist() == generate(model, prompts, max_new_tokens=10, greedy=True, stop_ids=())
+    reference = copy.deepcopy(model).cpu()
+    for prompt, row in zip(prompts, greedy.tolist()):
+        assert row == greedy_reference(reference, prompt, 10)
+    for top_k, top_p in ((None, None), (50, None), (None, 0.9)):
+        chooser = lambda: make_sampler(0.8, top_k, top_p, torch.Generator(device=device).manual_seed(1))  # noqa
+        assert torch.equal(run(chooser(), True)[0], run(chooser(), False)[0])
 
 
 def test_generate_rejects_mistakes() -> None:

@@ -48,6 +48,22 @@ def next_log_probs(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
     return logp
 
 
+def next_scores(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
+    """The logits in float32 with ``banned_ids`` set to -inf (a new tensor when any are banned): what a search
+    that ignores a per-row shift (greedy, sampling) needs from :func:`next_log_probs`, without its log-softmax.
+
+    Args:
+        logits: (N, V).
+    Returns:
+        (N, V) float32 scores.
+    """
+    scores = logits.float()
+    if banned_ids:
+        banned = torch.tensor(list(banned_ids), dtype=torch.long, device=scores.device)
+        scores = scores.index_fill(1, banned, float("-inf"))
+    return scores
+
+
 def force_token(logp: Tensor, rows: Tensor, token_id: int) -> Tensor:
     """Rows where ``rows`` (N,) bool is True may only produce ``token_id`` (e.g. EOS at the length limit).
 

@@ -91,5 +91,5 @@ def generate(
         budget = torch.full((len(prompts),), max_new_tokens, dtype=torch.long, device=device)
         tokens, lengths, _ = decode_loop(stepper, choose, budget, stop_ids=stop_ids,
                                          banned_ids=() if pad_id in stop_ids else (pad_id,),
-                                         pad_id=pad_id, on_token=on_token)
+                                         pad_id=pad_id, on_token=on_token, with_logprob=False)
     return [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]

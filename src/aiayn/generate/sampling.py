@@ -11,16 +11,19 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from aiayn.generate.common import force_token, next_log_probs
+from aiayn.generate.common import force_token, next_log_probs, next_scores
 from aiayn.generate.filtering import filter_logits
 from aiayn.generate.steppers import Stepper
+from aiayn.generate.topk import row_argmax
 
-Chooser = Callable[[Tensor], Tensor]  # log-probs (N, V) -> chosen ids (N,)
+#: scores (N, V) -> chosen ids (N,). The scores are log-probs, or logits when the caller needs no log-probs
+#: (``decode_loop(..., with_logprob=False)``), so a chooser must not depend on a per-row shift of them.
+Chooser = Callable[[Tensor], Tensor]
 
 
-def greedy_choice(logp: Tensor) -> Tensor:
-    """The most likely token of each row: logp (N, V) -> (N,) long."""
-    return logp.argmax(dim=-1)
+def greedy_choice(scores: Tensor) -> Tensor:
+    """The most likely token of each row (the first on ties): scores (N, V) -> (N,) long."""
+    return row_argmax(scores)
 
 
 def make_sampler(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -36,8 +39,8 @@ def make_sampler(temperature: float = 1.0, top_k: int | None = None, top_p: floa
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for sampling (use greedy_choice for 0)")
 
-    def choose(logp: Tensor) -> Tensor:
-        probs = filter_logits(logp / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+    def choose(scores: Tensor) -> Tensor:  # log-probs or logits: softmax, top-k and top-p ignore a per-row shift
+        probs = filter_logits(scores / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return choose
@@ -53,6 +56,7 @@ def decode_loop(
     banned_ids: Sequence[int] = (),
     pad_id: int = 0,
     on_token: Callable[[int, int], None] | None = None,
+    with_logprob: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Decode one token per row per step until every row has stopped.
 
@@ -67,9 +71,12 @@ def decode_loop(
         pad_id: filler after a row's end in the returned tokens.
         on_token: streaming callback ``on_token(row, token_id)`` for every output token as it is produced
             (costs one host sync per step).
+        with_logprob: sum the output's log-probs. When False, ``choose`` sees the logits themselves (the same
+            choices: greedy and sampling ignore a per-row shift) and no log-softmax pass is made per step.
     Returns:
         tokens (N, L) long (row i's output is ``tokens[i, :lengths[i]]``), lengths (N,) long, and logprob (N,)
-        float32: the sum of the log-probs of the output tokens and of the stop token that ended the row.
+        float32: the sum of the log-probs of the output tokens and of the stop token that ended the row (NaN
+        when ``with_logprob`` is False).
     """
     logits = stepper.first()
     n, device = logits.shape[0], logits.device
@@ -78,16 +85,17 @@ def decode_loop(
     limit_steps = set(max_steps.tolist()) if force_stop_id is not None else set()
     out = torch.full((n, max(total, 1)), pad_id, dtype=torch.long, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
-    logprob = torch.zeros(n, dtype=torch.float32, device=device)
+    logprob = torch.zeros(n, dtype=torch.float32, device=device) if with_logprob else None
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     for t in range(total):
-        logp = next_log_probs(logits, banned_ids)  # (N, V)
+        scores = next_log_probs(logits, banned_ids) if with_logprob else next_scores(logits, banned_ids)  # (N, V)
         if force_stop_id is not None and t in limit_steps:
-            logp = force_token(logp, max_steps == t, force_stop_id)
-        tok = choose(logp)  # (N,)
+            scores = force_token(scores, max_steps == t, force_stop_id)
+        tok = choose(scores)  # (N,)
         active = ~finished
-        logprob += torch.where(active, logp.gather(1, tok[:, None]).squeeze(1), 0.0)
+        if logprob is not None:
+            logprob += torch.where(active, scores.gather(1, tok[:, None]).squeeze(1), 0.0)
         is_stop = torch.isin(tok, stop)
         emit = active & ~is_stop
         out[:, t] = torch.where(emit, tok, pad_id)
@@ -102,4 +110,4 @@ def decode_loop(
         if t + 1 == total or bool(finished.all()):
             break
         logits = stepper.step(tok)
-    return out, lengths, logprob
+    return out, lengths, logprob if logprob is not None else torch.full((n,), float("nan"), device=device)
