@@ -208,3 +208,70 @@ def test_decoding_and_int8_agree_between_backends() -> None:
         ref_tokens = generate(lm_plain, prompts, max_new_tokens=8, greedy=True)
     assert [[h.tokens for h in s] for s in beams] == [[h.tokens for h in s] for s in ref_beams]
     assert tokens == ref_tokens
+
+
+def _count_kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count which kernel serves each linear call: BLAS (``F.linear``), oneDNN packed, oneDNN unpacked, or the
+    autograd wrapper around oneDNN (``OneDNNLinear``)."""
+    from aiayn.nn import packed
+
+    calls = {"blas": 0, "packed": 0, "unpacked": 0, "autograd": 0}
+
+    def counted(name: str, fn):  # noqa: ANN001, ANN202
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(packed.F, "linear", counted("blas", F.linear))
+    monkeypatch.setattr(packed, "packed_linear", counted("packed", packed.packed_linear))
+    monkeypatch.setattr(cpu_gemm, "_onednn_nt", counted("unpacked", cpu_gemm._onednn_nt))
+    monkeypatch.setattr(cpu_gemm.OneDNNLinear, "apply", counted("autograd", cpu_gemm.OneDNNLinear.apply))
+    return calls
+
+
+@needs_onednn
+def test_inference_takes_blas_below_the_size_threshold_and_never_the_autograd_wrapper(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small inference products go to BLAS (a third of oneDNN's fixed cost), larger ones to the packed kernel, and
+    no inference call pays for the autograd.Function around oneDNN."""
+    layer = nn.Linear(64, 256)
+    packed = PackedLinear.from_linear(layer)
+    small, large = torch.randn(1, 64), torch.randn(160, 64)  # 16k multiply-adds, and 2.6M
+    assert small.numel() * 256 < MIN_ONEDNN_MACS <= large.numel() * 256
+    calls = _count_kernels(monkeypatch)
+    with use_fp32_backend("onednn"), torch.inference_mode():
+        torch.testing.assert_close(packed(small), layer(small), rtol=1e-5, atol=1e-5)
+        assert calls == {"blas": 2, "packed": 0, "unpacked": 0, "autograd": 0}  # the reference layer is one
+        torch.testing.assert_close(packed(large), layer(large), rtol=1e-5, atol=1e-5)
+        assert calls == {"blas": 3, "packed": 1, "unpacked": 0, "autograd": 0}
+        # without the packed copy (see the next test), the kernel itself: same values, no autograd wrapper
+        torch.testing.assert_close(linear(large, layer.weight, layer.bias), layer(large), rtol=1e-5, atol=1e-5)
+        assert calls["unpacked"] == 1 and calls["autograd"] == 0
+    with use_fp32_backend("onednn"):  # autograd on: the wrapper, whose backward runs through oneDNN too
+        x = large.clone().requires_grad_()
+        packed(x).sum().backward()
+        assert calls["autograd"] == 1 and x.grad is not None
+
+
+@needs_onednn
+@pytest.mark.parametrize("backend", ["onednn", "torch"])
+def test_models_made_cast_or_reloaded_under_inference_mode(backend: str) -> None:
+    """Weights made under ``torch.inference_mode`` record no in-place change, so the packed kernel must never serve
+    them a stale copy: a model built there decodes like one built outside, and one cast there, then reloaded
+    there, follows its new weights."""
+    from aiayn.nn.precision import cast_for_inference
+
+    ids = torch.randint(3, 300, (4, 40))  # large enough for every layer's packed kernel
+    reference = _build("decoder", "torch").eval()
+    other = _build("decoder", "torch").eval()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    with use_fp32_backend(backend), torch.inference_mode():
+        built_inside = cpu_inference_layout(_build("decoder", backend).eval())
+        torch.testing.assert_close(built_inside(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+        cast = cast_for_inference(copy.deepcopy(reference), "float32")
+        torch.testing.assert_close(cast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)  # packs
+        cast.load_state_dict(other.state_dict())  # an in-place copy, inside inference mode
+        torch.testing.assert_close(cast(ids).logits, other(ids).logits, rtol=1e-4, atol=1e-4)

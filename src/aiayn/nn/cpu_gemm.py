@@ -136,9 +136,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     Through oneDNN (forward and backward) where :func:`onednn_applies`, else ``F.linear`` itself.
     """
-    if onednn_applies(x, weight) and x.numel():
+    if not (onednn_applies(x, weight) and x.numel()):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return OneDNNLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
+    # no gradient wanted: the kernel itself (an autograd.Function costs about 15 us a call, as much as a small product)
+    return _onednn_nt(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def mm_nt(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:

@@ -20,6 +20,8 @@ which also prepacks the output layers, and every layer of a bf16 model (:mod:`ai
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -57,4 +59,18 @@ def cpu_inference_layout(model: nn.Module) -> nn.Module:
     """
     from aiayn.nn.packed import pack_bf16_linears, pack_output_layers, use_fast_cpu_linears
 
-    return pack_bf16_linears(pack_output_layers(use_fast_cpu_linears(column_major_linears(model))))
+    with outside_inference_mode(model):
+        return pack_bf16_linears(pack_output_layers(use_fast_cpu_linears(column_major_linears(model))))
+
+
+def outside_inference_mode(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Leave ``torch.inference_mode`` for a change of ``model``'s weights, unless they were made inside it.
+
+    A weight replaced inside inference mode becomes an inference tensor, whose in-place changes (a later
+    ``load_state_dict`` there) no version counter records, so the packed kernels of :mod:`aiayn.nn.packed` could
+    not tell a stale copy and leave such weights alone. Replaced outside, it stays an ordinary tensor. A model
+    built inside inference mode keeps it: giving its parameters ordinary data would make them unusable.
+    """
+    if any(p.is_inference() for p in model.parameters()):
+        return contextlib.nullcontext()
+    return torch.inference_mode(False)

@@ -38,6 +38,7 @@ import functools
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn import cpu_gemm
@@ -99,11 +100,12 @@ class PackedLinear(nn.Linear):
         return {**state, "_packed": None, "_packed_key": None}
 
     def _usable(self, x: Tensor) -> bool:
+        """Whether the packed kernel serves this call, given that it is CPU inference in the weight's dtype (see
+        :meth:`forward` and the module docstring for the rules)."""
         w = self.weight
         min_rows = MIN_PACKED_ROWS.get(w.dtype)
-        if not (min_rows is not None and x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
-                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
-                and packable_dtype(w.dtype) and not torch.is_autocast_enabled("cpu")):
+        # an inference tensor (made under torch.inference_mode) has no version counter to tell a stale copy by
+        if min_rows is None or w.is_inference() or not packable_dtype(w.dtype):
             return False
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             return x.numel() * w.shape[0] >= MIN_ONEDNN_MACS
@@ -118,11 +120,25 @@ class PackedLinear(nn.Linear):
         return self._packed
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding."""
-        if not self._usable(x):
-            return cpu_gemm.linear(x, self.weight, self.bias)  # F.linear, or oneDNN for fp32 CPU training
-        bias = None if self.bias is None else self.bias.detach()
-        return packed_linear(x, self.packed_weight(), bias)
+        """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding.
+
+        Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
+        training where it is the fp32 backend, else ``F.linear``). CPU inference in the weight's dtype takes
+        ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds where oneDNN is the fp32 backend
+        (there BLAS's fixed cost is about a third of oneDNN's), the packed kernel where :meth:`_usable`, and
+        otherwise ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``).
+        """
+        w, b = self.weight, self.bias
+        if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                and not torch.is_autocast_enabled("cpu")):
+            return cpu_gemm.linear(x, w, b)
+        if (w.dtype == torch.float32 and x.numel() * w.shape[0] < MIN_ONEDNN_MACS
+                and cpu_gemm.fp32_backend() == "onednn"):
+            return F.linear(x, w, b)
+        if self._usable(x):
+            return packed_linear(x, self.packed_weight(), None if b is None else b.detach())
+        return cpu_gemm.linear(x, w, b)
 
 
 def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FEATURES) -> nn.Module:

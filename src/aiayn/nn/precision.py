@@ -74,9 +74,10 @@ def cast_for_inference(model: nn.Module, dtype: str | torch.dtype) -> nn.Module:
         if not onednn_bf16_available():
             warnings.warn("this CPU has no native bf16 matmuls (no AVX512-BF16 / AMX, as oneDNN reports): bfloat16 "
                           "inference will run, but likely slower than float32", stacklevel=2)
-    model.to(dtype).eval()
-    if devices == {"cpu"}:
-        from aiayn.nn.layout import cpu_inference_layout
+    from aiayn.nn.layout import cpu_inference_layout, outside_inference_mode
 
-        cpu_inference_layout(model)
+    with outside_inference_mode(model):  # so the cast weights can be packed even when called in inference mode
+        model.to(dtype).eval()
+        if devices == {"cpu"}:
+            cpu_inference_layout(model)
     return model
