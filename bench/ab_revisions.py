@@ -10,12 +10,16 @@ steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup o
 target tokens/s; ``same_output`` then compares the step losses to 4 significant digits. ``train-bf16:SETUP``
 does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``). A ``generate:BATCH`` case times greedy
 generation of ``generate_lm.py``'s GPT-2-like model (16-token prompts, 128 new tokens, no stop id) in tokens/s.
+``--base-env`` / ``--head-env NAME=VALUE ...`` set environment variables for one side's runs, so one revision can be
+timed against itself under two settings (e.g. ``AIAYN_FP32_CPU_GEMM=torch`` against ``onednn``).
 
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
     .venv/bin/python bench/ab_revisions.py --base HEAD~2 --head HEAD --cases train:seq2seq-multi30k-tiny
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD --cases train-bf16:lm-gpt2-small
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases generate:1 generate:16
+    .venv/bin/python bench/ab_revisions.py --base HEAD --head HEAD --base-env AIAYN_FP32_CPU_GEMM=torch \
+        --head-env AIAYN_FP32_CPU_GEMM=onednn --cases paper-base:1 train:seq2seq-paper-base
 """
 
 from __future__ import annotations
@@ -150,28 +154,45 @@ def checkout(rev: str, tmp: Path) -> Path:
     return path / "src"
 
 
-def child(src_dir: Path, case: str, runs: int, threads: int) -> dict[str, Any]:
-    """Run :func:`time_case` in a fresh interpreter that imports ``aiayn`` from ``src_dir``."""
-    env = {**os.environ, "PYTHONPATH": str(src_dir)}
+def child(src_dir: Path, case: str, runs: int, threads: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run :func:`time_case` in a fresh interpreter that imports ``aiayn`` from ``src_dir``, with ``extra_env`` set."""
+    env = {**os.environ, **(extra_env or {}), "PYTHONPATH": str(src_dir)}
     cmd = [sys.executable, __file__, "--child", case, "--runs", str(runs), "--threads", str(threads)]
     return benchlib.run_json_child(cmd, env)
 
 
-def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, threads: int) -> dict[str, Any]:
-    """Alternate base/head subprocess runs over ``rounds`` rounds; returns the JSON payload."""
+def parse_env(assignments: list[str] | None) -> dict[str, str]:
+    """``["NAME=VALUE", ...]`` -> {NAME: VALUE}; a clear error for an item without ``=``."""
+    env = {}
+    for item in assignments or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"ab_revisions: --base-env/--head-env take NAME=VALUE, got {item!r}")
+        env[name] = value
+    return env
+
+
+def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, threads: int,
+             base_env: dict[str, str] | None = None, head_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Alternate base/head subprocess runs over ``rounds`` rounds; returns the JSON payload.
+
+    ``base_env`` / ``head_env``: environment variables set for that side's runs only.
+    """
     for case in cases:
         parse_case(case)
+    envs = {"base": base_env or {}, "head": head_env or {}}
     with tempfile.TemporaryDirectory(prefix="aiayn-ab-") as tmp:
-        dirs = {"base": checkout(base, Path(tmp)), "head": checkout(head, Path(tmp))}
+        base_dir = checkout(base, Path(tmp))
+        dirs = {"base": base_dir, "head": base_dir if head == base else checkout(head, Path(tmp))}
         try:
             results: dict[str, dict[str, list[dict[str, Any]]]] = {c: {"base": [], "head": []} for c in cases}
             for _ in range(rounds):
                 for case in cases:
                     for which in ("base", "head"):
-                        results[case][which].append(child(dirs[which], case, runs, threads))
+                        results[case][which].append(child(dirs[which], case, runs, threads, envs[which]))
         finally:
             for which, rev in (("base", base), ("head", head)):
-                if rev != "WORKTREE":
+                if rev != "WORKTREE" and not (which == "head" and head == base):
                     subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
                                     str(dirs[which].parent)], capture_output=True)
     rows = []
@@ -183,7 +204,8 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
                      "base_per_s": units / med["base"], "head_per_s": units / med["head"],
                      "speedup": med["base"] / med["head"],
                      "same_output": len({r["digest"] for w in by for r in by[w]}) == 1, "times": times})
-    return {"base": base, "head": head, "rounds": rounds, "runs_per_round": runs, "rows": rows}
+    return {"base": base, "head": head, "base_env": envs["base"], "head_env": envs["head"], "rounds": rounds,
+            "runs_per_round": runs, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -198,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--runs", type=int, default=3, help="timed decodes or steps per subprocess (default 3)")
     p.add_argument("--threads", type=int, default=benchlib.THREADS)
+    p.add_argument("--base-env", nargs="+", metavar="NAME=VALUE", help="environment variables for the base runs")
+    p.add_argument("--head-env", nargs="+", metavar="NAME=VALUE", help="environment variables for the head runs")
     p.add_argument("--tag", default="", help="results go to bench/results/ab_revisions[-TAG].json")
     p.add_argument("--child", metavar="CASE", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -206,9 +230,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(json.dumps(run_case(args.child, args.runs)))
         return None
     t0 = time.perf_counter()
-    payload = bench_ab(args.base, args.head, args.cases, args.rounds, args.runs, args.threads)
+    base_env, head_env = parse_env(args.base_env), parse_env(args.head_env)
+    payload = bench_ab(args.base, args.head, args.cases, args.rounds, args.runs, args.threads, base_env, head_env)
     payload["wall_s"] = time.perf_counter() - t0
-    print(f"{args.base} (base) vs {args.head} (head); median of {args.rounds} x {args.runs} alternating runs; beam-4 "
+    sides = [f"{rev} {' '.join(f'{k}={v}' for k, v in env.items())}".strip()
+             for rev, env in ((args.base, base_env), (args.head, head_env))]
+    print(f"{sides[0]} (base) vs {sides[1]} (head); median of {args.rounds} x {args.runs} alternating runs; beam-4 "
           "translation in sentences/s, training in target tokens/s, generation in tokens/s")
     print(benchlib.table(payload["rows"], ["case", "unit", "base_per_s", "head_per_s", "speedup", "same_output"]))
     path = benchlib.write_results("ab_revisions" + (f"-{args.tag}" if args.tag else ""), payload)

@@ -42,7 +42,10 @@ from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
-            "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"}
+            "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+            "mkldnn::_linear_pointwise",  # oneDNN's linear: packed output layers, every layer on the oneDNN backend
+            "quantized::linear_dynamic"}  # int8 linears
+KERNEL_PREFIXES = ("aten::", "mkldnn::", "quantized::")  # torch.profiler's names for kernel calls
 
 
 def profile_fn(fn: Callable[[], Any], steps: int, repeats: int = 3, top: int = 12) -> dict[str, Any]:
@@ -60,9 +63,9 @@ def profile_fn(fn: Callable[[], Any], steps: int, repeats: int = 3, top: int = 1
         fn()
         prof_wall = time.perf_counter() - t0
     events = prof.events()
-    top_level = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
+    top_level = [e for e in events if e.cpu_parent is None and e.name.startswith(KERNEL_PREFIXES)]
     averages = prof.key_averages()
-    self_us = {a.key: a.self_cpu_time_total for a in averages if a.key.startswith("aten::")}
+    self_us = {a.key: a.self_cpu_time_total for a in averages if a.key.startswith(KERNEL_PREFIXES)}
     gemm = sum(v for k, v in self_us.items() if k in GEMM_OPS) / 1e3
     other = sum(v for k, v in self_us.items() if k not in GEMM_OPS) / 1e3
     heavy = sorted(averages, key=lambda a: a.self_cpu_time_total, reverse=True)[:top]

@@ -268,3 +268,39 @@ def test_allocator_bench_times_both_settings_in_fresh_processes() -> None:
     (row,) = out["rows"]
     assert row["impl"] == "aiayn" and row["default_s"] > 0 and row["kept_s"] > 0
     assert {k: len(v) for k, v in row["times"].items()} == {"default": 1, "kept": 1}
+
+
+def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--base-env`` / ``--head-env``: one revision timed under two settings, each child getting only its own."""
+    parsed = ab_revisions.parse_env(["AIAYN_FP32_CPU_GEMM=torch", "X=a=b"])
+    assert parsed == {"AIAYN_FP32_CPU_GEMM": "torch", "X": "a=b"}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        ab_revisions.parse_env(["AIAYN_FP32_CPU_GEMM"])
+    seen: list[tuple[str | None, str]] = []
+
+    def fake_child(cmd: list[str], env: dict[str, str]) -> dict:
+        seen.append((env.get("AIAYN_FP32_CPU_GEMM"), env["PYTHONPATH"]))
+        return {"times": [1.0], "units": 1, "digest": "d"}
+
+    monkeypatch.setattr(ab_revisions.benchlib, "run_json_child", fake_child)
+    payload = ab_revisions.bench_ab("WORKTREE", "WORKTREE", ["multi30k:1"], rounds=2, runs=1, threads=1,
+                                    base_env={"AIAYN_FP32_CPU_GEMM": "torch"},
+                                    head_env={"AIAYN_FP32_CPU_GEMM": "onednn"})
+    assert [backend for backend, _ in seen] == ["torch", "onednn", "torch", "onednn"]
+    assert {path for _, path in seen} == {str(ab_revisions.REPO / "src")}
+    assert payload["base_env"] == {"AIAYN_FP32_CPU_GEMM": "torch"} and payload["rows"][0]["same_output"]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+def test_decode_kernels_times_every_linear_path_and_both_attention_ways() -> None:
+    import decode_kernels
+
+    (row,) = decode_kernels.linear_rows([("tiny", 32, 48)], (2,), runs=1)
+    paths = ["row_major_us", "column_major_us", "onednn_us", "onednn_packed_us", "onednn_autograd_us", "aiayn_us"]
+    assert all(row[k] > 0 for k in paths) and row["fastest"] + "_us" in paths[:-1]
+    rows = decode_kernels.attention_rows([("tiny", 8, 2, 16, 6)], runs=1)
+    assert [(r["kind"], r["keys"]) for r in rows] == [("self", 5), ("self", 6), ("cross", 6)]
+    assert all(r["flash_us"] > 0 and r["two_matmuls_us"] > 0 for r in rows)
+    q, k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(decode_kernels.two_matmuls(q, k, v), expected)

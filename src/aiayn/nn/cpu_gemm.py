@@ -4,8 +4,10 @@ PyTorch's x86 builds run fp32 ``F.linear`` / ``torch.matmul`` through Intel MKL.
 Zen 5) MKL takes a slower code path: on this project's 2-core AMD EPYC host (family 26, Zen 5) a 2048^3 fp32
 product ran at about 180 GFLOP/s through MKL and 430 through oneDNN, the library PyTorch ships for its CPU
 compiler backend (``torch.ops.mkldnn``), and every training shape measured (paper-base, GPT-2 small, forward and
-both backward products) ran 1.7-2.4x faster through oneDNN (docs/BENCHMARKS.md, twenty-eighth session). On
-Intel CPUs MKL is at least as fast for the small products of decoding, so nothing changes there.
+both backward products) ran 1.7-2.4x faster through oneDNN (docs/BENCHMARKS.md, twenty-eighth session). On a
+2-core Zen 4 (family 25) the gap is smaller (185 against 220 GFLOP/s), and whole decodes still ran 1.01-1.77x faster
+through oneDNN while training tied (thirty-first session). On Intel CPUs MKL is at least as fast for the small
+products of decoding, so nothing changes there.
 
 :func:`fp32_backend` is the policy: ``"onednn"`` where it wins (AMD CPU with AVX-512, an MKL build of torch and
 oneDNN present), else ``"torch"``; the environment variable ``AIAYN_FP32_CPU_GEMM`` (``auto``, ``onednn``,

@@ -1,0 +1,154 @@
+"""The small kernels of a decoding step, per call: every path a linear layer can take, and attention's two ways.
+
+Microseconds per call (median of ``--runs`` batches of calls, warm caches, in one process):
+
+1. Linears: every (in, out) layer of the benchmarked decoders (Multi30k size 256/1024 with the 8000-word output
+   layer, the GPT-2-like 384/1536 with 50257 words, paper-base 512/2048 with 32000 words) at the row counts of
+   decoding (1 = greedy batch 1, 4 = one sentence's beams, 16, 128 = 32 sentences x 4 beams), through
+   ``F.linear`` (MKL in x86 builds) with the weight row-major and column-major (:mod:`aiayn.nn.layout`), oneDNN with
+   the plain weight and with the prepacked one (:mod:`aiayn.nn.packed`), oneDNN behind the autograd wrapper
+   (``cpu_gemm.OneDNNLinear``), and ``PackedLinear`` as aiayn dispatches it under the active fp32 policy
+   (``aiayn_us``, :mod:`aiayn.nn.cpu_gemm`; ``AIAYN_FP32_CPU_GEMM`` forces one).
+2. Attention of a decoding step: one query per row over a time-major self-attention cache (5 and 20 keys), and the
+   cross-attention with a sentence's 4 beams folded into one block over 20 source positions, through torch's flash
+   kernel (``F.scaled_dot_product_attention``, what aiayn runs) and two matmuls around a softmax.
+
+    .venv/bin/python bench/decode_kernels.py
+    .venv/bin/python bench/decode_kernels.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+from aiayn.nn import cpu_gemm  # noqa: E402
+from aiayn.nn.layout import column_major_linears  # noqa: E402
+from aiayn.nn.packed import PackedLinear, onednn_available, pack_weight, packed_linear  # noqa: E402
+
+# (model, in, out): a decoder layer's linears (fused QKV, attention output, FFN in and out) and the output layer
+LAYERS = [("multi30k", 256, 768), ("multi30k", 256, 256), ("multi30k", 256, 1024), ("multi30k", 1024, 256),
+          ("multi30k", 256, 8000),
+          ("gpt2-like", 384, 1152), ("gpt2-like", 384, 384), ("gpt2-like", 384, 1536), ("gpt2-like", 1536, 384),
+          ("gpt2-like", 384, 50257),
+          ("paper-base", 512, 1536), ("paper-base", 512, 512), ("paper-base", 512, 2048), ("paper-base", 2048, 512),
+          ("paper-base", 512, 32000)]
+ROWS = (1, 4, 16, 128)
+# (model, decoder rows, heads, head width, source length)
+ATTENTION = [("multi30k", 4, 4, 64, 20), ("multi30k", 128, 4, 64, 20), ("paper-base", 4, 8, 64, 20),
+             ("paper-base", 128, 8, 64, 20)]
+LINEAR_COLUMNS = ["model", "in", "out", "rows", "row_major_us", "column_major_us", "onednn_us", "onednn_packed_us",
+                  "onednn_autograd_us", "aiayn_us", "fastest"]
+ATTENTION_COLUMNS = ["model", "rows", "heads", "kind", "keys", "flash_us", "two_matmuls_us", "ratio"]
+
+
+def per_call_us(fns: dict[str, Callable[[], Any]], runs: int, budget_s: float = 0.02) -> dict[str, float]:
+    """Median microseconds per call of each callable: ``runs`` alternating batches of calls, each batch sized to
+    take about ``budget_s``."""
+    counts = {}
+    for name, fn in fns.items():
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        counts[name] = max(1, int(budget_s / max(time.perf_counter() - t0, 1e-7)))
+    times = benchlib.alternate({name: (lambda fn=fn, n=counts[name]: [fn() for _ in range(n)])
+                                for name, fn in fns.items()}, runs=runs)
+    return {name: 1e6 * benchlib.median(ts) / counts[name] for name, ts in times.items()}
+
+
+def linear_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
+    """One row per (layer, row count): microseconds per call of every path (see the module docstring)."""
+    out = []
+    for model, n_in, n_out in layers:
+        layer = torch.nn.Linear(n_in, n_out)
+        column_major = column_major_linears(torch.nn.Linear(n_in, n_out))
+        column_major.load_state_dict(layer.state_dict())
+        aiayn = PackedLinear.from_linear(column_major)  # what cpu_inference_layout gives on the oneDNN backend
+        w, b = layer.weight.detach(), layer.bias.detach()
+        packed = pack_weight(w)
+        for m in rows:
+            with torch.inference_mode():
+                us = per_call_us(_linear_paths(torch.randn(m, n_in), w, b, column_major, packed, aiayn), runs)
+            fastest = min((k for k in us if k != "aiayn_us"), key=us.__getitem__)
+            out.append({"model": model, "in": n_in, "out": n_out, "rows": m, **us,
+                        "fastest": fastest.removesuffix("_us")})
+    return out
+
+
+def _linear_paths(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, column_major: torch.nn.Linear,
+                  packed: torch.Tensor, aiayn: PackedLinear) -> dict[str, Callable[[], Any]]:
+    """The callables :func:`linear_rows` times for input x (M, in): one per path."""
+    return {"row_major_us": lambda: F.linear(x, w, b),
+            "column_major_us": lambda: F.linear(x, column_major.weight, column_major.bias),
+            "onednn_us": lambda: cpu_gemm._onednn_nt(x, w, b),
+            "onednn_packed_us": lambda: packed_linear(x, packed, b),
+            "onednn_autograd_us": lambda: cpu_gemm.OneDNNLinear.apply(x, w, b),
+            "aiayn_us": lambda: aiayn(x)}
+
+
+def two_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) q and (B, H, S, Dh) k, v: the unfused way."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, H, T, S)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _attention_paths(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """The callables :func:`attention_rows` times: the flash kernel and :func:`two_matmuls`."""
+    return {"flash_us": lambda: F.scaled_dot_product_attention(q, k, v), "two_matmuls_us": lambda: two_matmuls(q, k, v)}
+
+
+def attention_rows(cases: list[tuple[str, int, int, int, int]], runs: int) -> list[dict[str, Any]]:
+    """One row per (case, kind): self-attention over a time-major cache and grouped cross-attention."""
+    out = []
+    for model, rows, heads, dh, src in cases:
+        cache = torch.randn(2, src + 2, rows, heads, dh)  # (k|v, capacity, B, H, Dh), time-major as SelfAttnCache
+        q = torch.randn(rows, heads, 1, dh)
+        shapes = [("self", t, (q, cache[0, :t].permute(1, 2, 0, 3), cache[1, :t].permute(1, 2, 0, 3)))
+                  for t in (5, src)]
+        g = 4  # beams per sentence, folded into one query block per memory row
+        cross = (torch.randn(rows // g, heads, g, dh), torch.randn(rows // g, heads, src, dh),
+                 torch.randn(rows // g, heads, src, dh))
+        for kind, keys, (qq, kk, vv) in [*shapes, ("cross", src, cross)]:
+            with torch.inference_mode():
+                us = per_call_us(_attention_paths(qq, kk, vv), runs)
+            out.append({"model": model, "rows": rows, "heads": heads, "kind": kind, "keys": keys, **us,
+                        "ratio": us["two_matmuls_us"] / us["flash_us"]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """CLI entry point: run both tables, print them, write ``bench/results/decode_kernels.json``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    benchlib.add_common_args(p)
+    args = p.parse_args(argv)
+    benchlib.setup(args.threads)
+    if not onednn_available():
+        raise SystemExit("decode_kernels: this PyTorch build has no oneDNN; nothing to compare")
+    runs = args.runs or (2 if args.quick else 5)
+    t0 = time.perf_counter()
+    layers = LAYERS[:2] if args.quick else LAYERS
+    linears = linear_rows(layers, (1, 4) if args.quick else ROWS, runs)
+    attention = attention_rows(ATTENTION[:1] if args.quick else ATTENTION, runs)
+    payload = {"threads": args.threads, "fp32_backend": cpu_gemm.fp32_backend(), "runs": runs, "linears": linears,
+               "attention": attention, "wall_s": time.perf_counter() - t0}
+    print(f"decoding linears, us per call ({args.threads} threads, fp32 policy {payload['fp32_backend']!r})")
+    print(benchlib.table(linears, LINEAR_COLUMNS))
+    print("\ndecoding attention, us per call; ratio = two matmuls / flash kernel")
+    print(benchlib.table(attention, ATTENTION_COLUMNS))
+    path = benchlib.write_results("decode_kernels", payload, quick=args.quick)
+    print(f"written {path} ({payload['wall_s']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
