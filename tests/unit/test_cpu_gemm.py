@@ -275,3 +275,26 @@ def test_models_made_cast_or_reloaded_under_inference_mode(backend: str) -> None
         torch.testing.assert_close(cast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)  # packs
         cast.load_state_dict(other.state_dict())  # an in-place copy, inside inference mode
         torch.testing.assert_close(cast(ids).logits, other(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_packed_copy_follows_optimizer_steps_fused_ones_too(fused: bool) -> None:
+    """Fused Adam (the trainer's default where supported) changes weights without moving their version counter;
+    evaluation between training steps must still see the current weights, not the packed copy of the first one."""
+    ids = torch.randint(3, 300, (4, 40))  # large enough for every layer's packed kernel
+    with use_fp32_backend("onednn"):
+        model = _build("decoder", "onednn")
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=fused)
+        for _ in range(2):
+            model.eval()
+            with torch.inference_mode():
+                model(ids)  # packs the current weights (the second time: must repack)
+            model.train()
+            model(ids).logits.square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.inference_mode():
+            fresh = copy.deepcopy(model)  # copies leave the packed weights behind
+            torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=1e-5, atol=1e-5)

@@ -26,7 +26,10 @@ and the tie to the embedding table are unchanged) plus a packed copy used only w
   (``torch.no_grad`` / ``torch.inference_mode``), oneDNN available (for bf16: with native bf16 support);
   everything else (one fp32 row, training, CUDA, other dtypes) takes ``F.linear`` on the weight itself;
 * the copy is rebuilt when the weight changes (its storage, dtype or in-place version counter moved, as after
-  ``load_state_dict``, ``model.to(torch.bfloat16)`` or an optimizer step), so it is never stale.
+  ``load_state_dict`` or ``model.to(torch.bfloat16)``) and after any torch optimizer step in the process (a global
+  optimizer-step post-hook counts them: fused optimizers such as ``Adam(fused=True)`` move no version counter), so
+  it is never stale. Not seen: in-place changes through ``weight.data`` (a tensor with its own version counter)
+  outside an optimizer step, and weights that are inference tensors, which are therefore never packed.
 
 Results equal ``F.linear`` up to float rounding (a different summation order). Memory: one extra copy of each
 packed weight (65 MB at 512 x 32000 in fp32).
@@ -40,6 +43,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from aiayn.nn import cpu_gemm
 from aiayn.nn.cpu_gemm import onednn_available
@@ -52,6 +56,18 @@ MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see t
 #: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
 MIN_ONEDNN_MACS = 1 << 19
 _Linear = TypeVar("_Linear", bound=nn.Linear)
+_optimizer_steps = 0  # every torch optimizer step so far, in this process (see _count_optimizer_step)
+
+
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    """Global optimizer-step post-hook: a packed copy made before any step is stale after it. Fused optimizers
+    (``Adam(fused=True)``, the trainer's default where supported) update weights without moving their version
+    counters, so the version alone cannot tell; this count joins the packed copy's key."""
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 @functools.cache
@@ -85,7 +101,7 @@ class PackedLinear(nn.Linear):
     """
 
     _packed: Tensor | None
-    _packed_key: tuple[int, int, torch.dtype] | None
+    _packed_key: tuple[int, int, torch.dtype, int] | None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
@@ -114,7 +130,7 @@ class PackedLinear(nn.Linear):
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
         w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype)
+        key = (w.data_ptr(), w._version, w.dtype, _optimizer_steps)
         if self._packed is None or self._packed_key != key:
             self._packed, self._packed_key = pack_weight(w), key
         return self._packed
