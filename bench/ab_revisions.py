@@ -191,10 +191,10 @@ def bench_ab(base: str, head: str, cases: list[str], rounds: int, runs: int, thr
                     for which in ("base", "head"):
                         results[case][which].append(child(dirs[which], case, runs, threads, envs[which]))
         finally:
-            for which, rev in (("base", base), ("head", head)):
-                if rev != "WORKTREE" and not (which == "head" and head == base):
-                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                                    str(dirs[which].parent)], capture_output=True)
+            for rev, src_dir in {base: dirs["base"], head: dirs["head"]}.items():  # each checkout once
+                if rev != "WORKTREE":
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(src_dir.parent)],
+                                   capture_output=True)
     rows = []
     for case, by in results.items():
         units = by["base"][0]["units"]

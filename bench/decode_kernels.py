@@ -11,7 +11,8 @@ Microseconds per call (median of ``--runs`` batches of calls, warm caches, in on
    (``aiayn_us``, :mod:`aiayn.nn.cpu_gemm`; ``AIAYN_FP32_CPU_GEMM`` forces one).
 2. Attention of a decoding step: one query per row over a time-major self-attention cache (5 and 20 keys), and the
    cross-attention with a sentence's 4 beams folded into one block over 20 source positions, through torch's flash
-   kernel (``F.scaled_dot_product_attention``, what aiayn runs) and two matmuls around a softmax.
+   kernel (``F.scaled_dot_product_attention``, what aiayn runs) and two matmuls around a softmax (aiayn's reference
+   backend).
 
     .venv/bin/python bench/decode_kernels.py
     .venv/bin/python bench/decode_kernels.py --quick
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 from aiayn.nn import cpu_gemm  # noqa: E402
+from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
 from aiayn.nn.layout import column_major_linears  # noqa: E402
 from aiayn.nn.packed import PackedLinear, onednn_available, pack_weight, packed_linear  # noqa: E402
 
@@ -97,9 +99,9 @@ def _linear_paths(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, column_majo
 
 
 def two_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) q and (B, H, S, Dh) k, v: the unfused way."""
-    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, H, T, S)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) q and (B, H, S, Dh) k, v, unfused: aiayn's reference attention
+    backend (matmul, softmax, matmul)."""
+    return scaled_dot_product_attention(q, k, v, backend="reference")[0]
 
 
 def _attention_paths(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Callable[[], Any]]:

@@ -123,7 +123,7 @@ def print_summary(title: str, s: dict[str, Any]) -> None:
           f"({s['profiled_wall_ms_per_step']:.2f} profiled): matmul+attention "
           f"{s['gemm_attention_ms_per_step']:.2f}, other aten {s['other_aten_ms_per_step']:.2f}, "
           f"python/dispatch {s['python_overhead_ms_per_step']:.2f} ms; "
-          f"{s['aten_calls_per_step']:.0f} aten calls/step")
+          f"{s['aten_calls_per_step']:.0f} kernel calls/step")
     print(benchlib.table(s["top_aten"]))
     print(benchlib.table(s["top_python"]))
 

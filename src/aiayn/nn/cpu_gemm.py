@@ -140,7 +140,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """
     if not (onednn_applies(x, weight) and x.numel()):
         return F.linear(x, weight, bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+    wants_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and wants_grad:
         return OneDNNLinear.apply(x, weight, bias)
     # no gradient wanted: the kernel itself (an autograd.Function costs about 15 us a call, as much as a small product)
     return _onednn_nt(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])

@@ -115,17 +115,11 @@ class PackedLinear(nn.Linear):
         state = super().__getstate__()
         return {**state, "_packed": None, "_packed_key": None}
 
-    def _usable(self, x: Tensor) -> bool:
-        """Whether the packed kernel serves this call, given that it is CPU inference in the weight's dtype (see
-        :meth:`forward` and the module docstring for the rules)."""
+    def _packable(self) -> bool:
+        """Whether this build and CPU can prepack the weight, and may: an inference tensor (made under
+        ``torch.inference_mode``) has no version counter to tell a stale copy by, so it is never packed."""
         w = self.weight
-        min_rows = MIN_PACKED_ROWS.get(w.dtype)
-        # an inference tensor (made under torch.inference_mode) has no version counter to tell a stale copy by
-        if min_rows is None or w.is_inference() or not packable_dtype(w.dtype):
-            return False
-        if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
-            return x.numel() * w.shape[0] >= MIN_ONEDNN_MACS
-        return x.numel() >= min_rows * x.shape[-1]
+        return w.dtype in MIN_PACKED_ROWS and not w.is_inference() and packable_dtype(w.dtype)
 
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
@@ -141,18 +135,23 @@ class PackedLinear(nn.Linear):
         Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
         training where it is the fp32 backend, else ``F.linear``). CPU inference in the weight's dtype takes
         ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds where oneDNN is the fp32 backend
-        (there BLAS's fixed cost is about a third of oneDNN's), the packed kernel where :meth:`_usable`, and
-        otherwise ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``).
+        (there BLAS's fixed cost is about a third of oneDNN's), the packed kernel for larger ones there and, on
+        other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise ``cpu_gemm.linear``
+        (oneDNN unpacked, or ``F.linear``).
         """
         w, b = self.weight, self.bias
         if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
             return cpu_gemm.linear(x, w, b)
-        if (w.dtype == torch.float32 and x.numel() * w.shape[0] < MIN_ONEDNN_MACS
-                and cpu_gemm.fp32_backend() == "onednn"):
-            return F.linear(x, w, b)
-        if self._usable(x):
+        if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
+            if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:
+                return F.linear(x, w, b)  # a small product: BLAS's fixed cost is about a third of oneDNN's
+            use_packed = True
+        else:  # fp32 output layers from MIN_PACKED_ROWS rows (one row is a matrix-vector product), bf16 from one
+            min_rows = MIN_PACKED_ROWS.get(w.dtype)
+            use_packed = min_rows is not None and x.numel() >= min_rows * x.shape[-1]
+        if use_packed and self._packable():
             return packed_linear(x, self.packed_weight(), None if b is None else b.detach())
         return cpu_gemm.linear(x, w, b)
 
