@@ -1,4 +1,5 @@
-"""The small kernels of a decoding step, per call: every path a linear layer can take, and attention's two ways.
+"""The small kernels of a decoding step, per call: every path a linear layer can take, greedy search's two ways to
+the argmax of an output layer, and attention's two ways.
 
 Microseconds per call (median of ``--runs`` batches of calls, warm caches, in one process):
 
@@ -9,7 +10,11 @@ Microseconds per call (median of ``--runs`` batches of calls, warm caches, in on
    the plain weight and with the prepacked one (:mod:`aiayn.nn.packed`), oneDNN behind the autograd wrapper
    (``cpu_gemm.OneDNNLinear``), and ``PackedLinear`` as aiayn dispatches it under the active fp32 policy
    (``aiayn_us``, :mod:`aiayn.nn.cpu_gemm`; ``AIAYN_FP32_CPU_GEMM`` forces one).
-2. Attention of a decoding step: one query per row over a time-major self-attention cache (5 and 20 keys), and the
+2. Greedy search's argmax over an output layer (one to four rows), with caches evicted before every call (a
+   96 MB read: a batch-1 step streams more than the L3 cache holds, so each layer comes from memory): the fp32
+   product and :func:`aiayn.generate.topk.row_argmax` against the fp16 screen of
+   :mod:`aiayn.generate.screened_argmax` (``same`` says whether they chose the same ids).
+3. Attention of a decoding step: one query per row over a time-major self-attention cache (5 and 20 keys), and the
    cross-attention with a sentence's 4 beams folded into one block over 20 source positions, through torch's flash
    kernel (``F.scaled_dot_product_attention``, what aiayn runs) and two matmuls around a softmax (aiayn's reference
    backend).
@@ -33,6 +38,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
+from aiayn.generate.screened_argmax import make_screen, screened_argmax  # noqa: E402
+from aiayn.generate.topk import row_argmax  # noqa: E402
 from aiayn.nn import cpu_gemm  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
 from aiayn.nn.layout import column_major_linears  # noqa: E402
@@ -46,11 +53,15 @@ LAYERS = [("multi30k", 256, 768), ("multi30k", 256, 256), ("multi30k", 256, 1024
           ("paper-base", 512, 1536), ("paper-base", 512, 512), ("paper-base", 512, 2048), ("paper-base", 2048, 512),
           ("paper-base", 512, 32000)]
 ROWS = (1, 4, 16, 128)
+# (model, in, out): output layers of decoder-only models, for greedy search's argmax
+ARGMAX_LAYERS = [("lm-16k", 256, 16384), ("paper-base", 512, 32000), ("gpt2-like", 384, 50257)]
+ARGMAX_ROWS = (1, 2, 4)
 # (model, decoder rows, heads, head width, source length)
 ATTENTION = [("multi30k", 4, 4, 64, 20), ("multi30k", 128, 4, 64, 20), ("paper-base", 4, 8, 64, 20),
              ("paper-base", 128, 8, 64, 20)]
 LINEAR_COLUMNS = ["model", "in", "out", "rows", "row_major_us", "column_major_us", "onednn_us", "onednn_packed_us",
                   "onednn_autograd_us", "aiayn_us", "fastest"]
+ARGMAX_COLUMNS = ["model", "in", "out", "rows", "fp32_us", "screened_us", "speedup", "same"]
 ATTENTION_COLUMNS = ["model", "rows", "heads", "kind", "keys", "flash_us", "two_matmuls_us", "ratio"]
 
 
@@ -98,6 +109,38 @@ def _linear_paths(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, column_majo
             "aiayn_us": lambda: aiayn(x)}
 
 
+def cold_call_us(fns: dict[str, Callable[[], Any]], calls: int, evict_mb: int = 96) -> dict[str, float]:
+    """Median microseconds of one call of each callable, alternating, with the caches evicted before every call
+    by reading ``evict_mb`` MB (clean lines, as a decoding step's other weights leave them)."""
+    junk = torch.ones(evict_mb << 18)  # float32: 4 bytes each
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            junk.sum()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1e6 * benchlib.median(ts) for name, ts in times.items()}
+
+
+def argmax_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
+    """One row per (output layer, row count): greedy search's argmax through the fp32 product and through the
+    fp16 screen, cold caches (see the module docstring)."""
+    out = []
+    for model, n_in, n_out in layers:
+        proj = PackedLinear.from_linear(column_major_linears(torch.nn.Linear(n_in, n_out, bias=False)))
+        screen = make_screen(proj.weight)  # what GreedyHead builds once per weight
+        for m in rows:
+            h = torch.randn(m, n_in)
+            with torch.inference_mode():
+                same = torch.equal(row_argmax(proj(h)), screened_argmax(h, proj.weight, screen))
+                us = cold_call_us({"fp32_us": lambda: row_argmax(proj(h)),
+                                   "screened_us": lambda: screened_argmax(h, proj.weight, screen)}, 10 * runs)
+            out.append({"model": model, "in": n_in, "out": n_out, "rows": m, **us,
+                        "speedup": us["fp32_us"] / us["screened_us"], "same": same})
+    return out
+
+
 def two_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) q and (B, H, S, Dh) k, v, unfused: aiayn's reference attention
     backend (matmul, softmax, matmul)."""
@@ -129,7 +172,7 @@ def attention_rows(cases: list[tuple[str, int, int, int, int]], runs: int) -> li
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """CLI entry point: run both tables, print them, write ``bench/results/decode_kernels.json``."""
+    """CLI entry point: run the three tables, print them, write ``bench/results/decode_kernels.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p)
     args = p.parse_args(argv)
@@ -140,11 +183,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     layers = LAYERS[:2] if args.quick else LAYERS
     linears = linear_rows(layers, (1, 4) if args.quick else ROWS, runs)
+    argmax = argmax_rows(ARGMAX_LAYERS[:1] if args.quick else ARGMAX_LAYERS, ARGMAX_ROWS[:2] if args.quick
+                         else ARGMAX_ROWS, runs)
     attention = attention_rows(ATTENTION[:1] if args.quick else ATTENTION, runs)
     payload = {"threads": args.threads, "fp32_backend": cpu_gemm.fp32_backend(), "runs": runs, "linears": linears,
-               "attention": attention, "wall_s": time.perf_counter() - t0}
+               "argmax": argmax, "attention": attention, "wall_s": time.perf_counter() - t0}
     print(f"decoding linears, us per call ({args.threads} threads, fp32 policy {payload['fp32_backend']!r})")
     print(benchlib.table(linears, LINEAR_COLUMNS))
+    print("\ngreedy argmax of an output layer, us per call, cold caches; speedup = fp32 / screened")
+    print(benchlib.table(argmax, ARGMAX_COLUMNS))
     print("\ndecoding attention, us per call; ratio = two matmuls / flash kernel")
     print(benchlib.table(attention, ATTENTION_COLUMNS))
     path = benchlib.write_results("decode_kernels", payload, quick=args.quick)

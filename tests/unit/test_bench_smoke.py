@@ -6,6 +6,7 @@ They check what makes a comparison valid (same weights, same output lengths, mat
 from __future__ import annotations
 
 import importlib.util
+import os
 import math
 import sys
 from pathlib import Path
@@ -292,15 +293,30 @@ def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
-def test_decode_kernels_times_every_linear_path_and_both_attention_ways() -> None:
+def test_decode_kernels_times_every_linear_path_both_argmax_and_both_attention_ways() -> None:
     import decode_kernels
 
     (row,) = decode_kernels.linear_rows([("tiny", 32, 48)], (2,), runs=1)
     paths = ["row_major_us", "column_major_us", "onednn_us", "onednn_packed_us", "onednn_autograd_us", "aiayn_us"]
     assert all(row[k] > 0 for k in paths) and row["fastest"] + "_us" in paths[:-1]
+    rows = decode_kernels.argmax_rows([("tiny", 32, 500)], (1, 2), runs=1)
+    assert [r["rows"] for r in rows] == [1, 2] and all(r["same"] for r in rows)
+    assert all(r["fp32_us"] > 0 and r["screened_us"] > 0 for r in rows)
     rows = decode_kernels.attention_rows([("tiny", 8, 2, 16, 6)], runs=1)
     assert [(r["kind"], r["keys"]) for r in rows] == [("self", 5), ("self", 6), ("cross", 6)]
     assert all(r["flash_us"] > 0 and r["two_matmuls_us"] > 0 for r in rows)
     q, k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(decode_kernels.two_matmuls(q, k, v), expected)
+
+
+def test_greedy_screen_compares_screened_and_fp32_generations() -> None:
+    import greedy_screen
+
+    import aiayn.generate.screened_argmax as screened
+
+    default = dict(screened.MIN_SCREENED_WEIGHTS)
+    out = greedy_screen.main(["--quick", "--runs", "1", "--new-tokens", "4"])
+    assert screened.MIN_SCREENED_WEIGHTS == default and screened.ENV_SWITCH not in os.environ
+    assert [r["batch"] for r in out["rows"]] == [1, 2] and all(r["same"] for r in out["rows"])
+    assert all(r["screened_tok_s"] > 0 and r["fp32_tok_s"] > 0 and not r["screened_by_default"] for r in out["rows"])

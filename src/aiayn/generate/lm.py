@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
-from aiayn.generate.sampling import decode_loop, greedy_choice, make_sampler
+from aiayn.generate.sampling import decode_loop, make_sampler
+from aiayn.generate.screened_argmax import GreedyHead
 from aiayn.generate.steppers import LMStepper, eval_mode
 from aiayn.models.decoder import DecoderModel
 
@@ -81,15 +82,18 @@ def generate(
                          f"max_len={c.max_len}; shorten the prompt or lower max_new_tokens")
     device = next(model.parameters()).device
     ids, is_token = left_pad(prompts, pad_id, device)
-    if greedy or temperature == 0:
-        choose = greedy_choice
+    banned_ids = () if pad_id in stop_ids else (pad_id,)
+    greedy = greedy or temperature == 0
+    if greedy:  # the stepper returns hidden states; the chooser finds the best logit itself (screened_argmax)
+        choose = GreedyHead(model.lm_head.proj, banned_ids)
     else:
         generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
         choose = make_sampler(temperature, top_k, top_p, generator)
     with eval_mode(model):
-        stepper = LMStepper(model, ids, is_token, capacity=ids.shape[1] + max_new_tokens, prefix_lm=prefix_lm)
+        stepper = LMStepper(model, ids, is_token, capacity=ids.shape[1] + max_new_tokens, prefix_lm=prefix_lm,
+                            project=not greedy)
         budget = torch.full((len(prompts),), max_new_tokens, dtype=torch.long, device=device)
         tokens, lengths, _ = decode_loop(stepper, choose, budget, stop_ids=stop_ids,
-                                         banned_ids=() if pad_id in stop_ids else (pad_id,),
+                                         banned_ids=() if greedy else banned_ids,
                                          pad_id=pad_id, on_token=on_token, with_logprob=False)
     return [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]

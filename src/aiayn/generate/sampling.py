@@ -17,7 +17,9 @@ from aiayn.generate.steppers import Stepper
 from aiayn.generate.topk import row_argmax
 
 #: scores (N, V) -> chosen ids (N,). The scores are log-probs, or logits when the caller needs no log-probs
-#: (``decode_loop(..., with_logprob=False)``), so a chooser must not depend on a per-row shift of them.
+#: (``decode_loop(..., with_logprob=False)``), so a chooser must not depend on a per-row shift of them. With
+#: ``with_logprob=False`` the stepper may also return hidden states (N, D) for a chooser that applies the output
+#: layer itself (:class:`aiayn.generate.screened_argmax.GreedyHead`).
 Chooser = Callable[[Tensor], Tensor]
 
 
@@ -72,7 +74,9 @@ def decode_loop(
         on_token: streaming callback ``on_token(row, token_id)`` for every output token as it is produced
             (costs one host sync per step).
         with_logprob: sum the output's log-probs. When False, ``choose`` sees the logits themselves (the same
-            choices: greedy and sampling ignore a per-row shift) and no log-softmax pass is made per step.
+            choices: greedy and sampling ignore a per-row shift) and no log-softmax pass is made per step; or
+            the stepper's hidden states, for a chooser that projects them (pass no ``banned_ids`` then: the
+            chooser bans its own).
     Returns:
         tokens (N, L) long (row i's output is ``tokens[i, :lengths[i]]``), lengths (N,) long, and logprob (N,)
         float32: the sum of the log-probs of the output tokens and of the stop token that ended the row (NaN

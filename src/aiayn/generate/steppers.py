@@ -133,28 +133,37 @@ class LMStepper:
         capacity: cache capacity (prompt + new tokens); the cache grows if exceeded.
         prefix_lm: the prompt block is a bidirectional prefix (prefix-LM). With left padding every prompt
             ends at column P - 1, so a prefix of P columns (padding included, and masked) is each prompt.
+        project: return logits (N, V). False returns the final hidden states (N, D) instead, for a chooser
+            that applies the output layer itself (:class:`aiayn.generate.screened_argmax.GreedyHead`).
     """
 
     def __init__(self, model: DecoderModel, ids: Tensor, is_token: Tensor, capacity: int,
-                 prefix_lm: bool = False) -> None:
+                 prefix_lm: bool = False, project: bool = True) -> None:
         self.model, self.ids, self.is_token, self.prefix_lm = model, ids, is_token, prefix_lm
+        self.project = project
         self.cache = model.new_cache(capacity)
         self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
 
     def first(self) -> Tensor:
-        """Prefill the prompts: logits (B, V) after the last prompt token."""
+        """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
+        ``project``)."""
         b, p = self.ids.shape
         positions = (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
         prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
         out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
                          cache=self.cache, compute_logits=False)
-        return self.model.lm_head(out.hidden[:, -1])  # only the last position: (B, V), not (B, P, V)
+        return self._output(out.hidden[:, -1])  # only the last position: (B, V), not (B, P, V)
 
     def step(self, tokens: Tensor) -> Tensor:
-        """tokens (N,) -> logits (N, V)."""
-        out = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache)
+        """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
+        out = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
+                         compute_logits=False)
         self.next_pos = self.next_pos + 1
-        return out.logits[:, -1]
+        return self._output(out.hidden[:, -1])
+
+    def _output(self, hidden: Tensor) -> Tensor:
+        """(N, D) final hidden states -> what a step returns: logits (N, V), or the states themselves."""
+        return self.model.lm_head(hidden) if self.project else hidden
 
     def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) of the cache and the position counters (the hints are unused)."""

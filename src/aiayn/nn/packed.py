@@ -70,6 +70,13 @@ def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: object, kwargs
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def weight_state(weight: Tensor) -> tuple[int, int, torch.dtype, int]:
+    """What a copy derived from ``weight`` (a packed or half-precision copy) must match to be current: its storage,
+    in-place version counter and dtype, and the optimizer steps taken in this process (fused optimizers move no
+    version counter; see :func:`_count_optimizer_step`). Not for inference tensors, which have no version counter."""
+    return weight.data_ptr(), weight._version, weight.dtype, _optimizer_steps
+
+
 @functools.cache
 def onednn_bf16_available() -> bool:
     """Whether oneDNN can prepack bf16 linear weights and this CPU multiplies bf16 natively (AVX512-BF16 / AMX)."""
@@ -123,10 +130,9 @@ class PackedLinear(nn.Linear):
 
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, _optimizer_steps)
+        key = weight_state(self.weight)
         if self._packed is None or self._packed_key != key:
-            self._packed, self._packed_key = pack_weight(w), key
+            self._packed, self._packed_key = pack_weight(self.weight), key
         return self._packed
 
     def forward(self, x: Tensor) -> Tensor:

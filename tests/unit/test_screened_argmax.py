@@ -1,0 +1,144 @@
+"""Exact greedy argmax through an fp16 screen of the output layer (aiayn.generate.screened_argmax)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import aiayn.generate.screened_argmax as SA
+from aiayn import build_model
+from aiayn.config import ModelConfig
+from aiayn.generate import generate
+from aiayn.generate.common import next_scores
+from aiayn.nn.layout import cpu_inference_layout
+
+
+def reference_argmax(h: torch.Tensor, weight: torch.Tensor, banned: list[int] = ()) -> torch.Tensor:
+    """The fp32 logits' argmax, banned ids excluded: what greedy search took before the screen."""
+    return next_scores(F.linear(h, weight), banned).argmax(dim=1)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.02, 1.0, 100.0])
+@pytest.mark.parametrize("same_sign", [False, True])
+def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool) -> None:
+    # same-sign inputs make the fp32 sum's rounding largest; tiny scales put fp16 values among the subnormals
+    g = torch.Generator().manual_seed(0)
+    d = 4096 if same_sign else 384
+    w = torch.randn(512, d, generator=g, dtype=torch.float64) * scale
+    h = torch.randn(4, d, generator=g, dtype=torch.float64) * 7
+    if same_sign:
+        w, h = w.abs(), h.abs()
+    w32, h32 = w.float(), h.float()
+    screen = SA.make_screen(w32)
+    assert screen is not None and screen.weight.dtype == torch.float16 and screen.weight.is_contiguous()
+    unit = h32 / torch.linalg.vector_norm(h32, dim=1, keepdim=True)
+    s = F.linear(unit.half(), screen.weight).double()
+    exact = F.linear(h, w.double()) / torch.linalg.vector_norm(h, dim=1, keepdim=True)
+    err = (s - exact).abs().max().item()
+    assert err <= screen.bound
+    assert err > screen.bound / 100  # the bound is not vacuous
+
+
+def test_screen_matches_fp32_argmax_with_bans_and_ties() -> None:
+    g = torch.Generator().manual_seed(1)
+    v, d = 3000, 256
+    w = torch.randn(v, d, generator=g) * 0.05
+    w[2000] = w[700]  # an exact tie: the lower id must win, as with Tensor.argmax
+    h = torch.randn(64, d, generator=g)
+    h[5] = w[700] * 40  # row 5's best tokens are 700 and 2000 (equal logits)
+    h[6] = w[17] * 40  # row 6's best token is banned
+    screen = SA.make_screen(w)
+    banned = [0, 17]
+    got = SA.screened_argmax(h, w, screen, torch.tensor(banned))
+    assert got is not None
+    assert torch.equal(got, reference_argmax(h, w, banned))
+    assert got[5] == 700 and got[6] != 17
+
+
+def test_unsettled_rows_ask_for_the_full_logits() -> None:
+    w = torch.randn(1000, 64) * 0.05
+    screen = SA.make_screen(w)
+    h = torch.randn(2, 64)
+    h[1, 3] = float("nan")
+    assert SA.screened_argmax(h, w, screen) is None  # no candidate in row 1
+    flat = torch.zeros(1000, 64)
+    flat[:, 0] = 1.0  # every logit equal: 1000 candidates
+    assert SA.screened_argmax(torch.randn(1, 64), flat, SA.make_screen(flat)) is None
+    assert SA.make_screen(torch.full((4, 8), 1e5)) is None  # logits beyond fp16's range
+
+
+def _count_screens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = SA.screened_argmax
+
+    def counted(h, *args, **kwargs):
+        calls.append(h.shape[0])
+        return real(h, *args, **kwargs)
+
+    monkeypatch.setattr(SA, "screened_argmax", counted)
+    return calls
+
+
+def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_screens(monkeypatch)
+    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    proj = nn.Linear(32, 500, bias=False)
+    head = SA.GreedyHead(proj, banned_ids=[3])
+    with torch.inference_mode():
+        for rows in (1, 2, 3):
+            h = torch.randn(rows, 32)
+            assert torch.equal(head(h), reference_argmax(h, proj.weight, [3]))
+    assert calls == [1, 2]  # three rows: the full logits
+    with_bias = nn.Linear(32, 500)
+    with torch.inference_mode():
+        h = torch.randn(1, 32)
+        assert torch.equal(SA.GreedyHead(with_bias)(h), (with_bias(h)).argmax(dim=1))
+        monkeypatch.setenv(SA.ENV_SWITCH, "0")
+        SA.GreedyHead(proj)(h)
+    assert calls == [1, 2]
+    half = nn.Linear(32, 500, bias=False).to(torch.bfloat16)  # a bf16 model's states reach the head in fp32
+    with torch.inference_mode():
+        h = torch.randn(2, 32).to(torch.bfloat16)
+        assert torch.equal(SA.GreedyHead(half)(h.float()), next_scores(half(h)).argmax(dim=1))
+    assert calls == [1, 2]
+
+
+def test_the_screen_follows_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    proj = nn.Linear(32, 500, bias=False)
+    head = SA.GreedyHead(proj)
+    h = torch.randn(1, 32)
+    opt = torch.optim.Adam(proj.parameters(), lr=1.0, fused=True)  # moves no version counter
+    for _ in range(3):
+        with torch.inference_mode():
+            assert torch.equal(head(h), reference_argmax(h, proj.weight))
+        proj(torch.randn(8, 32)).square().mean().backward()
+        opt.step()
+    with torch.no_grad():
+        proj.weight.neg_()
+    with torch.inference_mode():
+        assert torch.equal(head(h), reference_argmax(h, proj.weight))
+    entries = len(SA._screens._entries)
+    del head, proj, opt
+    gc.collect()
+    assert len(SA._screens._entries) == entries - 1  # freed with its weight
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_screened_generation_equals_fp32_generation(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_screens(monkeypatch)
+    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    cfg = ModelConfig.preset("gpt2-small", n_layers=2, d_model=64, n_heads=2, d_ff=128, vocab_size=3000,
+                             max_len=128, dropout=0.0)
+    torch.manual_seed(0)
+    model = cpu_inference_layout(build_model(cfg).eval())
+    prompts = [[5, 9, 200, 41][: 4 - i] for i in range(batch)]
+    screened = generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
+    assert calls and set(calls) == {batch}
+    monkeypatch.setenv(SA.ENV_SWITCH, "0")
+    assert screened == generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
+    assert len(calls) == 40  # one choice per new token, none after the switch went off
