@@ -32,18 +32,21 @@ same-sign sums, whose accumulation error is largest.
 
 **When it applies.** Only where the screen pays: CPU, an fp32 bias-free output layer, one or two rows, and at
 least ``MIN_SCREENED_WEIGHTS[rows]`` weights. torch's fp16 product on CPU costs about one weight pass per row,
-while the fp32 kernels read the weight once for all rows. On a 2-core AMD EPYC Zen 4, the 384 x 50257 layer
-alone, cold cache (docs/BENCHMARKS.md):
+while the fp32 kernels read the weight once for all rows. On a 2-core AMD EPYC Zen 4, greedy search's whole
+argmax over the 384 x 50257 layer, caches evicted before each call (``bench/decode_kernels.py``,
+docs/BENCHMARKS.md):
 
-| rows | fp16 screen | fp32 |
+| rows | screened | fp32 product + argmax |
 | --- | --- | --- |
-| 1 | 1.2-1.3 ms | 2.8-3.3 ms |
-| 2 | 2.3 ms | 3.3-3.6 ms |
-| 4 | 4.5 ms | 2.0-2.9 ms |
+| 1 | 1.80 ms | 3.26 ms |
+| 2 | 2.89 ms | 3.66 ms |
+| 4 | 5.25 ms | 2.82 ms |
 
-Whole greedy generations, same host, screened against fp32: one row gained 1.10x at 16384 x 256 (4.2M weights),
-1.24x at 32000 x 512 and 1.41x at 50257 x 384, and lost 2% at 8000 x 256; two rows lost 15% at 16384 x 256 and
-gained 1.14x at 32000 x 512 (16.4M).
+Whole greedy generations on the same host (``bench/greedy_screen.py``), screened against fp32:
+- one row: 1.02-1.05x at 16384 x 256 (4.2M weights), 1.16-1.21x at 32000 x 512, 1.10-1.28x at 50257 x 384, and
+  1.57-1.62x at 50257 x 768; 8000 x 256 (2M weights) is not screened;
+- two rows: 0.86-0.88x at 8000 x 256 and 0.89-0.95x at 16384 x 256 (not screened), 1.08-1.09x at 32000 x 512
+  (16.4M).
 
 Elsewhere, and for any row the screen cannot settle (no candidate, as with NaN input, or more than
 ``MAX_CANDIDATES``), the full fp32 logits are computed.
