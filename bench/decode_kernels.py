@@ -10,10 +10,14 @@ Microseconds per call (median of ``--runs`` batches of calls, warm caches, in on
    the plain weight and with the prepacked one (:mod:`aiayn.nn.packed`), oneDNN behind the autograd wrapper
    (``cpu_gemm.OneDNNLinear``), and ``PackedLinear`` as aiayn dispatches it under the active fp32 policy
    (``aiayn_us``, :mod:`aiayn.nn.cpu_gemm`; ``AIAYN_FP32_CPU_GEMM`` forces one).
-2. Greedy search's argmax over an output layer (one to four rows), with caches evicted before every call (a
+2. Greedy search's argmax over an output layer (1, 2, 4 and 16 rows), with caches evicted before every call (a
    96 MB read: a batch-1 step streams more than the L3 cache holds, so each layer comes from memory): the fp32
-   product and :func:`aiayn.generate.topk.row_argmax` against the fp16 screen of
-   :mod:`aiayn.generate.screened_argmax` (``same`` says whether they chose the same ids).
+   product and :func:`aiayn.generate.topk.row_argmax` against the screen of :mod:`aiayn.generate.screened_argmax`
+   in the dtype it takes for that many rows on this CPU (``screen``; row counts it does not screen here are left
+   out), whatever the layer's size. ``settled``: the screen settled every row (random weights and hidden states
+   are its hardest case: no logit stands out, so up to dozens of tokens fall within the bound; when a row has
+   more than ``MAX_CANDIDATES`` the screen gives up and greedy search computes the fp32 logits, which the
+   screened time then leaves out); ``same``: both chose the same ids.
 3. Attention of a decoding step: one query per row over a time-major self-attention cache (5 and 20 keys), and the
    cross-attention with a sentence's 4 beams folded into one block over 20 source positions, through torch's flash
    kernel (``F.scaled_dot_product_attention``, what aiayn runs) and two matmuls around a softmax (aiayn's reference
@@ -38,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from aiayn.generate.screened_argmax import make_screen, screened_argmax  # noqa: E402
+from aiayn.generate.screened_argmax import make_screen, screen_dtype, screened_argmax  # noqa: E402
 from aiayn.generate.topk import row_argmax  # noqa: E402
 from aiayn.nn import cpu_gemm  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
@@ -55,13 +59,13 @@ LAYERS = [("multi30k", 256, 768), ("multi30k", 256, 256), ("multi30k", 256, 1024
 ROWS = (1, 4, 16, 128)
 # (model, in, out): output layers of decoder-only models, for greedy search's argmax
 ARGMAX_LAYERS = [("lm-16k", 256, 16384), ("paper-base", 512, 32000), ("gpt2-like", 384, 50257)]
-ARGMAX_ROWS = (1, 2, 4)
+ARGMAX_ROWS = (1, 2, 4, 16)
 # (model, decoder rows, heads, head width, source length)
 ATTENTION = [("multi30k", 4, 4, 64, 20), ("multi30k", 128, 4, 64, 20), ("paper-base", 4, 8, 64, 20),
              ("paper-base", 128, 8, 64, 20)]
 LINEAR_COLUMNS = ["model", "in", "out", "rows", "row_major_us", "column_major_us", "onednn_us", "onednn_packed_us",
                   "onednn_autograd_us", "aiayn_us", "fastest"]
-ARGMAX_COLUMNS = ["model", "in", "out", "rows", "fp32_us", "screened_us", "speedup", "same"]
+ARGMAX_COLUMNS = ["model", "in", "out", "rows", "screen", "fp32_us", "screened_us", "speedup", "settled", "same"]
 ATTENTION_COLUMNS = ["model", "rows", "heads", "kind", "keys", "flash_us", "two_matmuls_us", "ratio"]
 
 
@@ -129,15 +133,20 @@ def argmax_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
     out = []
     for model, n_in, n_out in layers:
         proj = PackedLinear.from_linear(column_major_linears(torch.nn.Linear(n_in, n_out, bias=False)))
-        screen = make_screen(proj.weight)  # what GreedyHead builds once per weight
         for m in rows:
+            dtype = screen_dtype(m, 1 << 62)  # the dtype GreedyHead screens m rows in here, whatever the size
+            if dtype is None:
+                continue
+            screen = make_screen(proj.weight, dtype)  # GreedyHead builds it once per weight
             h = torch.randn(m, n_in)
             with torch.inference_mode():
-                same = torch.equal(row_argmax(proj(h)), screened_argmax(h, proj.weight, screen))
+                ids = screened_argmax(h, proj.weight, screen)  # None: some row had too many candidates
+                settled = ids is not None
+                same = settled and torch.equal(row_argmax(proj(h)), ids)
                 us = cold_call_us({"fp32_us": lambda: row_argmax(proj(h)),
                                    "screened_us": lambda: screened_argmax(h, proj.weight, screen)}, 10 * runs)
-            out.append({"model": model, "in": n_in, "out": n_out, "rows": m, **us,
-                        "speedup": us["fp32_us"] / us["screened_us"], "same": same})
+            out.append({"model": model, "in": n_in, "out": n_out, "rows": m, "screen": str(dtype)[6:], **us,
+                        "speedup": us["fp32_us"] / us["screened_us"], "settled": settled, "same": same})
     return out
 
 

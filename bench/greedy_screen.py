@@ -1,10 +1,12 @@
 """Whole greedy generations with and without the fp16 screen of the output layer, at several output-layer sizes.
 
 :mod:`aiayn.generate.screened_argmax` screens an fp32 output layer at one or two rows from
-``MIN_SCREENED_WEIGHTS[rows]`` weights. This benchmark shows where that pays: random decoder-only models
-(vocabulary x width from 8000 x 256 to 50257 x 768), greedy generation of ``--new-tokens`` tokens after an 8-token
-prompt, at batch 1 and 2, with the screen forced on at every size and off (``AIAYN_SCREENED_ARGMAX=0``),
-alternating runs in one process; ``same`` says whether both made the same tokens.
+``MIN_FP16_SCREENED_WEIGHTS[rows]`` weights, and from two rows up in bf16 from ``MIN_BF16_SCREENED_WEIGHTS`` where
+the CPU multiplies bf16 natively. This benchmark shows where that pays: random decoder-only models (vocabulary x
+width from 8000 x 256 to 50257 x 768), greedy generation of ``--new-tokens`` tokens after an 8-token prompt, at
+batch 1, 2, 4 and 16, with the screen forced on at every size and off (``AIAYN_SCREENED_ARGMAX=0``), alternating
+runs in one process; ``screen`` names the screen's dtype (none: no screen at that row count on this CPU), ``same``
+says whether both made the same tokens.
 
     .venv/bin/python bench/greedy_screen.py
     .venv/bin/python bench/greedy_screen.py --quick
@@ -32,8 +34,9 @@ from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 
 # (vocabulary, width, layers)
 SIZES = [(8000, 256, 3), (16384, 256, 3), (32000, 512, 6), (50257, 384, 6), (50257, 768, 2)]
-COLUMNS = ["vocab", "width", "layers", "weights_m", "batch", "screened_tok_s", "fp32_tok_s", "speedup", "same",
-           "screened_by_default"]
+COLUMNS = ["vocab", "width", "layers", "weights_m", "batch", "screen", "screened_tok_s", "fp32_tok_s", "speedup",
+           "same", "screened_by_default"]
+BATCHES = (1, 2, 4, 16)
 
 
 def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_tokens: int,
@@ -54,8 +57,10 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
         times = benchlib.alternate({"screened": lambda: run("1"), "fp32": lambda: run("0")}, runs=runs)
         os.environ.pop(screened.ENV_SWITCH, None)
         tok_s = {k: new_tokens * batch / benchlib.median(ts) for k, ts in times.items()}
+        dtype = screened.screen_dtype(batch, vocab * width)
         rows.append({"vocab": vocab, "width": width, "layers": layers, "weights_m": vocab * width / 1e6,
-                     "batch": batch, "screened_tok_s": tok_s["screened"], "fp32_tok_s": tok_s["fp32"],
+                     "batch": batch, "screen": str(dtype).removeprefix("torch.") if dtype else "none",
+                     "screened_tok_s": tok_s["screened"], "fp32_tok_s": tok_s["fp32"],
                      "speedup": tok_s["screened"] / tok_s["fp32"], "same": out["1"] == out["0"]})
     return rows
 
@@ -70,14 +75,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = args.runs or (2 if args.quick else 5)
     sizes = [(2000, 128, 1)] if args.quick else SIZES
     t0 = time.perf_counter()
-    default_min = dict(screened.MIN_SCREENED_WEIGHTS)
-    screened.MIN_SCREENED_WEIGHTS.update({1: 0, 2: 0})  # force the screen on at every size
+    default_fp16, default_bf16 = dict(screened.MIN_FP16_SCREENED_WEIGHTS), screened.MIN_BF16_SCREENED_WEIGHTS
+    screened.MIN_FP16_SCREENED_WEIGHTS.update({1: 0, 2: 0})  # force the screen on at every size
+    screened.MIN_BF16_SCREENED_WEIGHTS = 0
     try:
-        rows = [r for v, d, n in sizes for r in run_size(v, d, n, (1, 2), args.new_tokens, runs)]
+        rows = [r for v, d, n in sizes for r in run_size(v, d, n, BATCHES[:2] if args.quick else BATCHES,
+                                                           args.new_tokens, runs)]
     finally:
-        screened.MIN_SCREENED_WEIGHTS.update(default_min)
+        screened.MIN_FP16_SCREENED_WEIGHTS.update(default_fp16)
+        screened.MIN_BF16_SCREENED_WEIGHTS = default_bf16
     for r in rows:
-        r["screened_by_default"] = r["vocab"] * r["width"] >= default_min[r["batch"]]
+        r["screened_by_default"] = screened.screen_dtype(r["batch"], r["vocab"] * r["width"]) is not None
     payload = {"threads": args.threads, "runs": runs, "new_tokens": args.new_tokens, "rows": rows,
                "wall_s": time.perf_counter() - t0}
     benchlib.report("greedy_screen", payload, COLUMNS, args.quick)

@@ -315,8 +315,9 @@ def test_greedy_screen_compares_screened_and_fp32_generations() -> None:
 
     import aiayn.generate.screened_argmax as screened
 
-    default = dict(screened.MIN_SCREENED_WEIGHTS)
+    default = dict(screened.MIN_FP16_SCREENED_WEIGHTS), screened.MIN_BF16_SCREENED_WEIGHTS
     out = greedy_screen.main(["--quick", "--runs", "1", "--new-tokens", "4"])
-    assert screened.MIN_SCREENED_WEIGHTS == default and screened.ENV_SWITCH not in os.environ
+    assert (screened.MIN_FP16_SCREENED_WEIGHTS, screened.MIN_BF16_SCREENED_WEIGHTS) == default
+    assert screened.ENV_SWITCH not in os.environ
     assert [r["batch"] for r in out["rows"]] == [1, 2] and all(r["same"] for r in out["rows"])
     assert all(r["screened_tok_s"] > 0 and r["fp32_tok_s"] > 0 and not r["screened_by_default"] for r in out["rows"])

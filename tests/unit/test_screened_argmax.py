@@ -15,6 +15,7 @@ from aiayn.config import ModelConfig
 from aiayn.generate import generate
 from aiayn.generate.common import next_scores
 from aiayn.nn.layout import cpu_inference_layout
+from aiayn.nn.packed import onednn_bf16_available
 
 
 def reference_argmax(h: torch.Tensor, weight: torch.Tensor, banned: list[int] = ()) -> torch.Tensor:
@@ -22,9 +23,14 @@ def reference_argmax(h: torch.Tensor, weight: torch.Tensor, banned: list[int] = 
     return next_scores(F.linear(h, weight), banned).argmax(dim=1)
 
 
+SCREEN_DTYPES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not onednn_bf16_available(), reason="bf16 screens need native bf16 matmuls in oneDNN (AVX512-BF16 / AMX)"))]
+
+
+@pytest.mark.parametrize("dtype", SCREEN_DTYPES)
 @pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.02, 1.0, 100.0])
 @pytest.mark.parametrize("same_sign", [False, True])
-def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool) -> None:
+def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool, dtype: torch.dtype) -> None:
     # same-sign inputs make the fp32 sum's rounding largest; tiny scales put fp16 values among the subnormals
     g = torch.Generator().manual_seed(0)
     d = 4096 if same_sign else 384
@@ -32,18 +38,32 @@ def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool) ->
     h = torch.randn(4, d, generator=g, dtype=torch.float64) * 7
     if same_sign:
         w, h = w.abs(), h.abs()
-    w32, h32 = w.float(), h.float()
-    screen = SA.make_screen(w32)
-    assert screen is not None and screen.weight.dtype == torch.float16 and screen.weight.is_contiguous()
-    unit = h32 / torch.linalg.vector_norm(h32, dim=1, keepdim=True)
-    s = F.linear(unit.half(), screen.weight).double()
-    exact = F.linear(h, w.double()) / torch.linalg.vector_norm(h, dim=1, keepdim=True)
-    err = (s - exact).abs().max().item()
+    screen = SA.make_screen(w.float(), dtype)
+    assert screen is not None and screen.dtype == dtype
+    s = SA.screened_logits(h.float(), screen)
+    assert s.dtype == dtype and s.shape == (4, 512)
+    exact = F.linear(h, w) / torch.linalg.vector_norm(h, dim=1, keepdim=True)
+    err = (s.double() - exact).abs().max().item()
     assert err <= screen.bound
     assert err > screen.bound / 100  # the bound is not vacuous
 
 
-def test_screen_matches_fp32_argmax_with_bans_and_ties() -> None:
+@pytest.mark.parametrize("v", [50, 128, 300, 5000])
+def test_candidates_are_every_entry_near_the_row_maximum(v: int) -> None:
+    g = torch.Generator().manual_seed(v)
+    s = torch.randn(6, v, generator=g).to(torch.bfloat16)
+    s[2, 7] = float("nan")  # a NaN row has no candidate
+    s[4, :] = 1.0  # every entry ties
+    rows, cols = SA.candidates(s, 0.25, block=16 if v == 50 else 128)
+    got = sorted(zip(rows.tolist(), cols.tolist()))
+    x = s.float()
+    expected = (x >= x.amax(dim=1, keepdim=True) - 0.25).nonzero().tolist()
+    assert got == [tuple(p) for p in expected] and 2 not in rows.tolist()
+    assert sum(r == 4 for r in rows.tolist()) == v
+
+
+@pytest.mark.parametrize("dtype", SCREEN_DTYPES)
+def test_screen_matches_fp32_argmax_with_bans_and_ties(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1)
     v, d = 3000, 256
     w = torch.randn(v, d, generator=g) * 0.05
@@ -51,7 +71,7 @@ def test_screen_matches_fp32_argmax_with_bans_and_ties() -> None:
     h = torch.randn(64, d, generator=g)
     h[5] = w[700] * 40  # row 5's best tokens are 700 and 2000 (equal logits)
     h[6] = w[17] * 40  # row 6's best token is banned
-    screen = SA.make_screen(w)
+    screen = SA.make_screen(w, dtype)
     banned = [0, 17]
     got = SA.screened_argmax(h, w, screen, torch.tensor(banned))
     assert got is not None
@@ -83,32 +103,42 @@ def _count_screens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def _screen_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SA, "MIN_FP16_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    monkeypatch.setattr(SA, "MIN_BF16_SCREENED_WEIGHTS", 1000)
+
+
 def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_screens(monkeypatch)
-    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    _screen_everything(monkeypatch)
+    bf16 = onednn_bf16_available()
+    assert SA.screen_dtype(1, 1000) == torch.float16 and SA.screen_dtype(1, 999) is None
+    assert SA.screen_dtype(2, 1000) == (torch.bfloat16 if bf16 else torch.float16)
+    assert SA.screen_dtype(16, 1000) == (torch.bfloat16 if bf16 else None)
     proj = nn.Linear(32, 500, bias=False)
     head = SA.GreedyHead(proj, banned_ids=[3])
     with torch.inference_mode():
-        for rows in (1, 2, 3):
+        for rows in (1, 2, 16):
             h = torch.randn(rows, 32)
             assert torch.equal(head(h), reference_argmax(h, proj.weight, [3]))
-    assert calls == [1, 2]  # three rows: the full logits
+    assert calls == ([1, 2, 16] if bf16 else [1, 2])  # 16 rows without native bf16: the full logits
+    screened = list(calls)
     with_bias = nn.Linear(32, 500)
     with torch.inference_mode():
         h = torch.randn(1, 32)
         assert torch.equal(SA.GreedyHead(with_bias)(h), (with_bias(h)).argmax(dim=1))
         monkeypatch.setenv(SA.ENV_SWITCH, "0")
         SA.GreedyHead(proj)(h)
-    assert calls == [1, 2]
+    assert calls == screened
     half = nn.Linear(32, 500, bias=False).to(torch.bfloat16)  # a bf16 model's states reach the head in fp32
     with torch.inference_mode():
         h = torch.randn(2, 32).to(torch.bfloat16)
         assert torch.equal(SA.GreedyHead(half)(h.float()), next_scores(half(h)).argmax(dim=1))
-    assert calls == [1, 2]
+    assert calls == screened
 
 
 def test_the_screen_follows_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    _screen_everything(monkeypatch)
     proj = nn.Linear(32, 500, bias=False)
     head = SA.GreedyHead(proj)
     h = torch.randn(1, 32)
@@ -128,15 +158,17 @@ def test_the_screen_follows_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(SA._screens._entries) == entries - 1  # freed with its weight
 
 
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch", [1, 2, 5])
 def test_screened_generation_equals_fp32_generation(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if batch > 2 and not onednn_bf16_available():
+        pytest.skip("more than two rows are screened only with native bf16 matmuls")
     calls = _count_screens(monkeypatch)
-    monkeypatch.setattr(SA, "MIN_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
+    _screen_everything(monkeypatch)
     cfg = ModelConfig.preset("gpt2-small", n_layers=2, d_model=64, n_heads=2, d_ff=128, vocab_size=3000,
                              max_len=128, dropout=0.0)
     torch.manual_seed(0)
     model = cpu_inference_layout(build_model(cfg).eval())
-    prompts = [[5, 9, 200, 41][: 4 - i] for i in range(batch)]
+    prompts = [[5, 9, 200, 41, 7][: 5 - i] for i in range(batch)]
     screened = generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert calls and set(calls) == {batch}
     monkeypatch.setenv(SA.ENV_SWITCH, "0")

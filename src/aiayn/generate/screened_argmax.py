@@ -5,54 +5,68 @@ output layer: 384 x 50257 fp32 weights (77 MB) in the GPT-2-like benchmark model
 layers together (42 MB) and more than the CPU's cache. Greedy search needs the argmax of the logits, not the
 logits. :class:`GreedyHead` finds it in two passes:
 
-1. **Screen.** Multiply the hidden state, scaled to unit length, by an fp16 copy of the weight: half the bytes.
-   (A positive scale leaves the argmax alone and keeps every fp16 value in range.) Each screened logit s_i is
-   within E of the exactly scaled logit l_i / |h|. So the argmax can only be a token with
-   s_i >= max_j s_j - 2E: the *candidates*, usually one to a few.
+1. **Screen.** Multiply the hidden state, scaled to unit length, by a half-precision copy of the weight: half the
+   bytes. (A positive scale leaves the argmax alone and keeps every fp16 value in range.) Each screened logit s_i
+   is within E of the exactly scaled logit l_i / |h|. So the argmax can only be a token with
+   s_i >= max_j s_j - 2E: the *candidates*, usually one to a few (:func:`candidates` finds them from block maxima,
+   one pass over the screened logits).
 2. **Confirm.** The candidates' logits in fp32, from the fp32 weight rows and the unscaled hidden state. The
    largest wins; the lowest id wins ties, as with ``Tensor.argmax``.
 
 The result equals the argmax of the fp32 logits. Two fp32 products of the same numbers can differ in their
 last bit, so near-exact ties may resolve either way, as between any two fp32 kernels.
 
-**The bound.** u = 2^-11 is fp16's unit roundoff and u' = 2^-24 is fp32's. D is the hidden width and m the
-largest row norm of the weight. The rounding errors are:
+**The bound.** u is the screen dtype's unit roundoff (2^-11 for fp16, 2^-8 for bf16) and u' = 2^-24 fp32's. D
+is the hidden width and m the largest row norm of the weight. The rounding errors are:
 
-- the unit-length input, rounded to fp32, then to fp16: (u' + u) m;
-- the fp16 weight row: u m;
+- the unit-length input, rounded to fp32, then to the screen dtype: (u' + u) m;
+- the weight row in the screen dtype: u m;
 - the fp32 sum of D products: D u' m;
-- the fp16 result: u m;
-- fp16 subnormals: at most 2^-25 absolute per value, so sqrt(D) 2^-25 (m + 1) over the input and the weight;
+- the result, rounded to the screen dtype: u m;
+- subnormals: at most 2^-25 absolute per fp16 value (2^-134 in bf16), so sqrt(D) 2^-25 (m + 1) over the input
+  and the weight;
 - second-order terms.
 
-:func:`screen_bound` takes E = (4u + 2Du') m + sqrt(D) 2^-23 (m + 1), which covers the sum with room to spare.
+:func:`screen_bound` takes E = (4u + 2Du') m + 4 sqrt(D) 2^-25 (m + 1) (2^-134 in bf16), which covers the sum
+with room to spare.
 
-This assumes the fp16 product accumulates in fp32, as torch's CPU kernels do. The tests check it on the host:
-same-sign sums, whose accumulation error is largest.
+This assumes the half-precision product accumulates in fp32, as torch's CPU fp16 kernel and oneDNN's bf16
+kernels do. The tests check it on the host: same-sign sums, whose accumulation error is largest.
 
-**When it applies.** Only where the screen pays: CPU, an fp32 bias-free output layer, one or two rows, and at
-least ``MIN_SCREENED_WEIGHTS[rows]`` weights. torch's fp16 product on CPU costs about one weight pass per row,
-while the fp32 kernels read the weight once for all rows. On a 2-core AMD EPYC Zen 4, greedy search's whole
-argmax over the 384 x 50257 layer, caches evicted before each call (``bench/decode_kernels.py``,
-docs/BENCHMARKS.md):
+**Which screen, when.** Only where a screen pays: CPU, an fp32 bias-free output layer (:func:`screen_dtype`):
 
-| rows | screened | fp32 product + argmax |
-| --- | --- | --- |
-| 1 | 1.80 ms | 3.26 ms |
-| 2 | 2.89 ms | 3.66 ms |
-| 4 | 5.25 ms | 2.82 ms |
+- one row: fp16 (``F.linear``), from ``MIN_FP16_SCREENED_WEIGHTS[1]`` weights;
+- two rows or more, where the CPU multiplies bf16 natively (AVX512-BF16 or AMX): oneDNN's prepacked bf16 kernel,
+  from ``MIN_BF16_SCREENED_WEIGHTS``;
+- two rows elsewhere: fp16 from ``MIN_FP16_SCREENED_WEIGHTS[2]``; more rows elsewhere are not screened.
+
+torch's fp16 product on CPU costs about one weight pass per row, while the packed kernels read the weight once
+for all rows. On a 2-core AMD EPYC Zen 4 (AVX512-BF16), greedy search's whole argmax over the 384 x 50257 layer,
+caches evicted before each call (``bench/decode_kernels.py``, docs/BENCHMARKS.md):
+
+| rows | fp16 screen | bf16 screen | fp32 product + argmax |
+| --- | --- | --- | --- |
+| 1 | 1.78-1.80 ms | | 3.11-3.26 ms |
+| 2 | 2.89 ms | 2.23 ms | 3.49-3.66 ms |
+| 4 | 5.25 ms | 1.98 ms | 2.57-2.82 ms |
+| 16 | | 3.62 ms | 4.61 ms |
 
 Whole greedy generations on the same host (``bench/greedy_screen.py``), screened against fp32:
-- one row: 1.02-1.05x at 16384 x 256 (4.2M weights), 1.16-1.21x at 32000 x 512, 1.10-1.28x at 50257 x 384, and
-  1.57-1.62x at 50257 x 768; 8000 x 256 (2M weights) is not screened;
-- two rows: 0.86-0.88x at 8000 x 256 and 0.89-0.95x at 16384 x 256 (not screened), 1.08-1.09x at 32000 x 512
-  (16.4M).
+
+| output layer | 1 row (fp16) | 2 rows (bf16) | 4 rows | 16 rows |
+| --- | --- | --- | --- | --- |
+| 8000 x 256 (2.0M weights; not screened) | 1.00x | 0.99x | 0.98x | 1.06x |
+| 16384 x 256 (4.2M) | 1.05x | 1.11x | 1.11x | 1.07x |
+| 32000 x 512 (16.4M) | 1.19x | 1.14x | 1.06x | 1.09x |
+| 50257 x 384 (19.3M) | 1.25x | 1.23x | 1.10x | 1.15x |
+| 50257 x 768 (38.6M) | 1.52x | 1.44x | 1.27x | 1.12x |
 
 Elsewhere, and for any row the screen cannot settle (no candidate, as with NaN input, or more than
-``MAX_CANDIDATES``), the full fp32 logits are computed.
+``MAX_CANDIDATES``), the full fp32 logits are computed. Random weights are the screen's hardest case (no logit
+stands out); a trained model's best logit usually does.
 
-**Memory.** The fp16 copy is made once per weight and kept until the weight changes or is freed: 38.6 MB for the
-GPT-2-like model. ``AIAYN_SCREENED_ARGMAX=0`` turns the screen off.
+**Memory.** The copy is made once per weight and screen dtype, and kept until the weight changes or is freed:
+38.6 MB for the GPT-2-like model. ``AIAYN_SCREENED_ARGMAX=0`` turns the screen off.
 """
 
 from __future__ import annotations
@@ -69,43 +83,102 @@ from torch import Tensor, nn
 
 from aiayn.generate.common import next_scores
 from aiayn.generate.topk import row_argmax
-from aiayn.nn.packed import weight_state
+from aiayn.nn.packed import onednn_bf16_available, pack_weight, packed_linear, weight_state
 
-#: rows -> the fewest output-layer weights (vocabulary x width) worth screening; fp16's CPU product costs a weight
-#: pass per row, so a second row needs a larger layer, and more rows never pay (see the module docstring)
-MIN_SCREENED_WEIGHTS = {1: 1 << 22, 2: 1 << 23}
+#: rows -> the fewest output-layer weights (vocabulary x width) worth an fp16 screen; fp16's CPU product costs a
+#: weight pass per row, so a second row needs a larger layer, and more rows never pay (see the module docstring)
+MIN_FP16_SCREENED_WEIGHTS = {1: 1 << 22, 2: 1 << 23}
+#: the fewest weights worth a bf16 screen (from two rows up, where the CPU multiplies bf16 natively)
+MIN_BF16_SCREENED_WEIGHTS = 1 << 22
 MAX_CANDIDATES = 64  # per row; a row with more gets its full fp32 logits
+_BLOCK = 128  # columns per block of the candidate search
 _FP16_MAX = 65504.0
 ENV_SWITCH = "AIAYN_SCREENED_ARGMAX"
+#: each screen dtype's unit roundoff, and the largest rounding error of a value in its subnormal range
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+SUBNORMAL_ERROR = {torch.float16: 2.0 ** -25, torch.bfloat16: 2.0 ** -134}
 
 
 class HalfScreen(NamedTuple):
-    """An fp16 copy of an output layer's weight and the bound of its screened logits.
+    """A half-precision copy of an output layer's weight and the bound of its screened logits.
 
     Attributes:
-        weight: (V, D) fp16.
+        weight: (V, D) fp16, or oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`).
+        dtype: ``torch.float16`` or ``torch.bfloat16``.
         bound: E: every screened logit of a unit-length input is within E of the exact one.
     """
 
     weight: Tensor
+    dtype: torch.dtype
     bound: float
 
 
-def screen_bound(max_row_norm: float, width: int) -> float:
-    """E for fp16 screening of a weight whose rows have norms of at most ``max_row_norm`` and ``width`` columns
-    (the derivation is in the module docstring)."""
-    u, u32 = 2.0 ** -11, 2.0 ** -24
-    return (4 * u + 2 * width * u32) * max_row_norm + math.sqrt(width) * 2.0 ** -23 * (max_row_norm + 1)
+def screen_bound(max_row_norm: float, width: int, dtype: torch.dtype = torch.float16) -> float:
+    """E for screening in ``dtype`` a weight whose rows have norms of at most ``max_row_norm`` and ``width``
+    columns (the derivation is in the module docstring)."""
+    u, u32 = UNIT_ROUNDOFF[dtype], 2.0 ** -24
+    subnormal = 4 * math.sqrt(width) * SUBNORMAL_ERROR[dtype] * (max_row_norm + 1)
+    return (4 * u + 2 * width * u32) * max_row_norm + subnormal
 
 
-def make_screen(weight: Tensor) -> HalfScreen | None:
-    """The fp16 screen of a (V, D) fp32 weight; None if its rows are too long for fp16's range (or not finite)."""
+def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> HalfScreen | None:
+    """The fp16 or (prepacked) bf16 screen of a (V, D) fp32 weight; None if its rows are too long for fp16's range
+    (or not finite)."""
     with torch.no_grad():
         m = float(torch.linalg.vector_norm(weight, dim=1).max())
         if not math.isfinite(m) or m > _FP16_MAX / 4:  # a unit-length input's logits stay below m
             return None
-        return HalfScreen(weight.to(torch.float16, memory_format=torch.contiguous_format),
-                          screen_bound(m, weight.shape[1]))
+        if dtype == torch.bfloat16:
+            copy = pack_weight(weight.to(torch.bfloat16, memory_format=torch.contiguous_format))
+        else:
+            copy = weight.to(torch.float16, memory_format=torch.contiguous_format)
+        return HalfScreen(copy, dtype, screen_bound(m, weight.shape[1], dtype))
+
+
+def screen_dtype(rows: int, weights: int) -> torch.dtype | None:
+    """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights on this CPU, if any:
+    fp16 at one row (and two without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU
+    multiplies bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
+    if rows == 1 or (rows == 2 and not onednn_bf16_available()):
+        return torch.float16 if weights >= MIN_FP16_SCREENED_WEIGHTS[rows] else None
+    if onednn_bf16_available() and weights >= MIN_BF16_SCREENED_WEIGHTS:
+        return torch.bfloat16
+    return None
+
+
+def screened_logits(h: Tensor, screen: HalfScreen) -> Tensor:
+    """h (N, D) fp32, scaled to unit length, times the screen's weight: (N, V) in the screen's dtype."""
+    unit = (h / torch.linalg.vector_norm(h, dim=1, keepdim=True)).to(screen.dtype)
+    if screen.dtype == torch.bfloat16:
+        return packed_linear(unit, screen.weight)
+    return F.linear(unit, screen.weight)
+
+
+def candidates(s: Tensor, margin: float, block: int = _BLOCK) -> tuple[Tensor, Tensor]:
+    """Every entry of each row of ``s`` (N, V) within ``margin`` of the row's maximum, as (row, column) pairs.
+
+    One pass over ``s`` takes the maxima of its blocks of ``block`` columns; only the blocks that reach the
+    row's maximum minus ``margin`` are searched. A NaN row has no pair.
+
+    Returns:
+        rows (M,) and cols (M,) long, in no particular order.
+    """
+    n, v = s.shape
+    n_blocks = v // block
+    body = n_blocks * block
+    blocks = s[:, :body].reshape(n, n_blocks, block)
+    block_max = blocks.amax(dim=-1) if n_blocks else s.new_full((n, 0), float("-inf"))  # (N, n_blocks)
+    tail = s[:, body:]  # (N, V - body): fewer than `block` columns
+    maxima = [block_max] + ([tail] if body < v else [])
+    top = torch.stack([m.amax(dim=1) for m in maxima if m.shape[1]]).amax(dim=0)[:, None]  # (N, 1)
+    floor = top.float() - margin  # (N, 1)
+    r, b = (block_max >= floor).nonzero().unbind(1)  # (P,) the (row, block) pairs worth searching
+    pr, pc = (blocks[r, b] >= floor.index_select(0, r)).nonzero().unbind(1)
+    rows, cols = r.index_select(0, pr), b.index_select(0, pr) * block + pc
+    if body < v:
+        tr, tc = (tail >= floor).nonzero().unbind(1)
+        rows, cols = torch.cat([rows, tr]), torch.cat([cols, tc + body])
+    return rows, cols
 
 
 def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tensor | None = None,
@@ -123,12 +196,10 @@ def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tenso
         a NaN input, or too many); then compute the logits in full.
     """
     n = h.shape[0]
-    unit = h / torch.linalg.vector_norm(h, dim=1, keepdim=True)  # (N, D)
-    s = F.linear(unit.to(torch.float16), screen.weight)  # (N, V) fp16
+    s = screened_logits(h, screen)  # (N, V)
     if banned is not None:
         s.index_fill_(1, banned, float("-inf"))
-    floor = s.amax(dim=1, keepdim=True).float() - 2 * screen.bound  # (N, 1)
-    rows, cols = (s >= floor).nonzero().unbind(1)  # (M,) each, by row then column
+    rows, cols = candidates(s, 2 * screen.bound)  # (M,) each
     counts = torch.bincount(rows, minlength=n)
     if rows.numel() == 0 or int(counts.min()) == 0 or int(counts.max()) > max_candidates:
         return None
@@ -139,42 +210,44 @@ def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tenso
 
 
 class _ScreenCache:
-    """One screen per live weight tensor, rebuilt when the weight changes (:func:`aiayn.nn.packed.weight_state`)
-    and dropped when it is freed. Kept outside the module, so ``state_dict``, pickles and copies never carry it."""
+    """One screen per live weight tensor and screen dtype, rebuilt when the weight changes
+    (:func:`aiayn.nn.packed.weight_state`) and dropped when it is freed. Kept outside the module, so
+    ``state_dict``, pickles and copies never carry it."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, tuple, HalfScreen | None]] = {}
+        self._entries: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, HalfScreen | None]] = {}
 
-    def get(self, weight: Tensor) -> HalfScreen | None:
-        key, entry = weight_state(weight), self._entries.get(id(weight))
+    def get(self, weight: Tensor, dtype: torch.dtype) -> HalfScreen | None:
+        slot, key = (id(weight), dtype), weight_state(weight)
+        entry = self._entries.get(slot)
         if entry is not None and entry[0]() is weight and entry[1] == key:
             return entry[2]
-        wid = id(weight)
-        ref = weakref.ref(weight, lambda _, wid=wid: self._entries.pop(wid, None))
-        self._entries[wid] = (ref, key, make_screen(weight))
-        return self._entries[wid][2]
+        ref = weakref.ref(weight, lambda _, slot=slot: self._entries.pop(slot, None))
+        self._entries[slot] = (ref, key, make_screen(weight, dtype))
+        return self._entries[slot][2]
 
 
 _screens = _ScreenCache()
 
 
-def screen_applies(h: Tensor, proj: nn.Module) -> bool:
-    """Whether :class:`GreedyHead` screens ``proj(h)``: CPU, fp32, no bias, a weight of at least
-    ``MIN_SCREENED_WEIGHTS[rows]`` that is not an inference tensor (it has no version counter to tell a stale
-    screen by), and ``AIAYN_SCREENED_ARGMAX`` not 0."""
+def screen_for(h: Tensor, proj: nn.Module) -> torch.dtype | None:
+    """The screen dtype :class:`GreedyHead` uses for ``proj(h)`` (:func:`screen_dtype`), or None: only on CPU, for
+    fp32 ``h`` and a bias-free fp32 weight that is not an inference tensor (it has no version counter to tell a
+    stale screen by), and unless ``AIAYN_SCREENED_ARGMAX`` is 0."""
     w = getattr(proj, "weight", None)
-    return (isinstance(w, Tensor) and w.dim() == 2 and getattr(proj, "bias", None) is None and h.dim() == 2
+    if not (isinstance(w, Tensor) and w.dim() == 2 and getattr(proj, "bias", None) is None and h.dim() == 2
             and w.dtype == h.dtype == torch.float32 and w.device.type == h.device.type == "cpu"
-            and w.numel() >= MIN_SCREENED_WEIGHTS.get(h.shape[0], math.inf) and not w.is_inference()
-            and os.environ.get(ENV_SWITCH, "1") != "0")
+            and not w.is_inference() and os.environ.get(ENV_SWITCH, "1") != "0"):
+        return None
+    return screen_dtype(h.shape[0], w.numel())
 
 
 class GreedyHead:
     """A chooser over hidden states: the greedy token of each row of ``proj(h)``, banned ids excluded.
 
     ``decode_loop`` drives it like :func:`aiayn.generate.sampling.greedy_choice`, with a stepper that returns
-    hidden states (``LMStepper(..., project=False)``). Screened where :func:`screen_applies`, otherwise the full
-    logits and :func:`aiayn.generate.topk.row_argmax`; both give the fp32 argmax.
+    hidden states (``LMStepper(..., project=False)``). Screened where :func:`screen_for` says so, otherwise the
+    full logits and :func:`aiayn.generate.topk.row_argmax`; both give the fp32 argmax.
 
     Args:
         proj: the output layer (``LMHead.proj``): any module mapping (N, D) to (N, V) logits.
@@ -191,12 +264,12 @@ class GreedyHead:
         w = getattr(self.proj, "weight", None)
         if isinstance(w, Tensor) and w.is_floating_point() and h.dtype != w.dtype:
             h = h.to(w.dtype)
-        if screen_applies(h, self.proj):
-            screen = _screens.get(self.proj.weight)
-            if screen is not None:
-                if self.banned_ids and self._banned is None:
-                    self._banned = torch.tensor(self.banned_ids, dtype=torch.long, device=h.device)
-                ids = screened_argmax(h, self.proj.weight, screen, self._banned)
-                if ids is not None:
-                    return ids
+        dtype = screen_for(h, self.proj)
+        screen = _screens.get(w, dtype) if dtype is not None else None
+        if screen is not None:
+            if self.banned_ids and self._banned is None:
+                self._banned = torch.tensor(self.banned_ids, dtype=torch.long, device=h.device)
+            ids = screened_argmax(h, w, screen, self._banned)
+            if ids is not None:
+                return ids
         return row_argmax(next_scores(self.proj(h), self.banned_ids))
