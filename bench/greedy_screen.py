@@ -8,8 +8,14 @@ batch 1, 2, 4 and 16, with the screen forced on at every size and off (``AIAYN_S
 runs in one process; ``screen`` names the screen's dtype (none: no screen at that row count on this CPU), ``same``
 says whether both made the same tokens.
 
+With ``--checkpoint DIR`` (a trained decoder-only checkpoint, e.g. from ``aiayn train``) it reports instead, for
+greedy generation from a few fixed prompts with the screen forced on, how many candidates each screened row had
+(the screen's window grows with the output layer's largest row norm times the hidden state's norm), whether any
+row went unsettled, and whether the tokens equal unscreened generation.
+
     .venv/bin/python bench/greedy_screen.py
     .venv/bin/python bench/greedy_screen.py --quick
+    .venv/bin/python bench/greedy_screen.py --checkpoint runs/lm/best
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ SIZES = [(8000, 256, 3), (16384, 256, 3), (32000, 512, 6), (50257, 384, 6), (502
 COLUMNS = ["vocab", "width", "layers", "weights_m", "batch", "screen", "screened_tok_s", "fp32_tok_s", "speedup",
            "same", "screened_by_default"]
 BATCHES = (1, 2, 4, 16)
+CANDIDATE_COLUMNS = ["vocab", "width", "batch", "screen", "max_row_norm", "hidden_norm_median", "rows_screened",
+                     "candidates_median", "candidates_p90", "candidates_max", "unsettled_rows", "same"]
 
 
 def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_tokens: int,
@@ -65,11 +73,66 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
     return rows
 
 
+PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING HENRY:\nWhat", "The", "JULIET:\nO", "MENENIUS:\nI"]
+
+
+def candidate_stats(checkpoint: str, batches: tuple[int, ...], new_tokens: int) -> list[dict[str, Any]]:
+    """One row per batch size: candidates per screened row in greedy generation with a trained model."""
+    from aiayn.pretrained import load_pretrained
+
+    pre = load_pretrained(checkpoint)
+    tok = pre.tokenizers["text"]
+    room = pre.config.max_len - new_tokens  # positions left for the prompt
+    if room < 1:
+        raise SystemExit(f"greedy_screen: --new-tokens {new_tokens} leaves no room in max_len={pre.config.max_len}")
+    prompts = [(tok.encode(t) or [tok.eos_id])[-room:] for t in PROMPTS]
+    weight = pre.model.lm_head.proj.weight.detach()
+    counts: list[int] = []
+    norms: list[float] = []
+    real_candidates, real_screened_argmax = screened.candidates, screened.screened_argmax
+
+    def counted(s: torch.Tensor, margin: float, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, cols = real_candidates(s, margin, block)
+        counts.extend(torch.bincount(rows, minlength=s.shape[0]).tolist())
+        return rows, cols
+
+    def recorded(h: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+        norms.extend(torch.linalg.vector_norm(h, dim=1).tolist())
+        return real_screened_argmax(h, *args, **kwargs)
+
+    def run(switch: str, batch: int) -> list[list[list[int]]]:
+        os.environ[screened.ENV_SWITCH] = switch
+        return [generate(pre.model, prompts[i:i + batch], max_new_tokens=new_tokens, greedy=True, stop_ids=())
+                for i in range(0, len(prompts), batch)]
+
+    rows = []
+    screened.candidates, screened.screened_argmax = counted, recorded
+    try:
+        for batch in batches:
+            counts.clear()
+            norms.clear()
+            with_screen, without = run("1", batch), run("0", batch)
+            c = sorted(counts)
+            rows.append({"vocab": weight.shape[0], "width": weight.shape[1], "batch": batch,
+                         "screen": str(screened.screen_dtype(batch, 1 << 62)).removeprefix("torch."),
+                         "max_row_norm": float(torch.linalg.vector_norm(weight, dim=1).max()),
+                         "hidden_norm_median": benchlib.median(norms) if norms else float("nan"),
+                         "rows_screened": len(c), "candidates_median": benchlib.median(c) if c else float("nan"),
+                         "candidates_p90": c[int(0.9 * len(c))] if c else 0, "candidates_max": max(c, default=0),
+                         "unsettled_rows": sum(x > screened.MAX_CANDIDATES for x in c), "same": with_screen == without})
+    finally:
+        screened.candidates, screened.screened_argmax = real_candidates, real_screened_argmax
+        os.environ.pop(screened.ENV_SWITCH, None)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """CLI entry point: print the table and write ``bench/results/greedy_screen.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p)
     p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
+    p.add_argument("--checkpoint", default=None,
+                   help="a trained decoder-only checkpoint: report its candidates per screened row instead")
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     runs = args.runs or (2 if args.quick else 5)
@@ -79,6 +142,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     screened.MIN_FP16_SCREENED_WEIGHTS.update({1: 0, 2: 0})  # force the screen on at every size
     screened.MIN_BF16_SCREENED_WEIGHTS = 0
     try:
+        if args.checkpoint:
+            payload = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
+                       "rows": candidate_stats(args.checkpoint, BATCHES[:2] if args.quick else (1, 2, 4),
+                                               args.new_tokens)}
+            payload["wall_s"] = time.perf_counter() - t0
+            benchlib.report("greedy_screen_candidates", payload, CANDIDATE_COLUMNS, args.quick)
+            return payload
         rows = [r for v, d, n in sizes for r in run_size(v, d, n, BATCHES[:2] if args.quick else BATCHES,
                                                            args.new_tokens, runs)]
     finally:

@@ -174,3 +174,17 @@ def test_screened_generation_equals_fp32_generation(batch: int, monkeypatch: pyt
     monkeypatch.setenv(SA.ENV_SWITCH, "0")
     assert screened == generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert len(calls) == 40  # one choice per new token, none after the switch went off
+
+
+def test_a_head_stops_screening_after_failed_screens(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_screens(monkeypatch)
+    _screen_everything(monkeypatch)
+    proj = nn.Linear(16, 400, bias=False)
+    with torch.no_grad():
+        proj.weight[:] = proj.weight[0].clone()  # every logit the same: 400 candidates, no screen settles
+    head = SA.GreedyHead(proj)
+    with torch.inference_mode():
+        for _ in range(SA.GreedyHead.MAX_FAILED_SCREENS + 3):
+            h = torch.randn(1, 16)
+            assert torch.equal(head(h), reference_argmax(h, proj.weight))
+    assert len(calls) == SA.GreedyHead.MAX_FAILED_SCREENS
