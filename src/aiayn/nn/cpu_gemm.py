@@ -108,9 +108,9 @@ def _onednn_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     """a (M, K) @ b (N, K)^T (+ bias) -> (M, N) through oneDNN (any strides).
 
     oneDNN takes ``b`` with any strides but makes a strided ``a`` (a weight gradient's g^T) contiguous itself, more
-    slowly than ``Tensor.contiguous``, so that copy is made here: whole training steps ran 1.19x faster at the tiny
-    Multi30k size and 1.04x at paper-base, GPT-2 small tied (2-core Zen 4, ``bench/ab_revisions.py``,
-    docs/BENCHMARKS.md).
+    slowly than ``Tensor.contiguous``, so that copy is made here: whole training steps ran 1.13-1.19x faster at the
+    tiny Multi30k size and 1.01-1.04x at paper-base, GPT-2 small tied (2-core Zen 4, two runs of
+    ``bench/ab_revisions.py``, docs/BENCHMARKS.md).
     """
     return torch.ops.mkldnn._linear_pointwise(a.contiguous(), b, bias, "none", [], "")
 
