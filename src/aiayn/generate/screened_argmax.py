@@ -11,7 +11,8 @@ logits. :class:`GreedyHead` finds it in two passes:
    s_i >= max_j s_j - 2E: the *candidates*, usually one to a few (:func:`candidates` finds them from block maxima,
    one pass over the screened logits).
 2. **Confirm.** The candidates' logits in fp32, from the fp32 weight rows and the unscaled hidden state. The
-   largest wins; the lowest id wins ties, as with ``Tensor.argmax``.
+   largest wins; the lowest id wins ties, as with ``Tensor.argmax``. A row with a single candidate needs no
+   confirming: nothing else can win.
 
 The result equals the argmax of the fp32 logits. Two fp32 products of the same numbers can differ in their
 last bit, so near-exact ties may resolve either way, as between any two fp32 kernels.
@@ -207,6 +208,8 @@ def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tenso
     if banned is not None:
         s.index_fill_(1, banned, float("-inf"))
     rows, cols = candidates(s, 2 * screen.bound)  # (M,) each
+    if rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all()):
+        return cols.new_empty(n).index_copy_(0, rows, cols)  # one candidate per row, the usual case: the argmax
     counts = torch.bincount(rows, minlength=n)
     if rows.numel() == 0 or int(counts.min()) == 0 or int(counts.max()) > max_candidates:
         return None
