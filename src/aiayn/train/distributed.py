@@ -163,13 +163,20 @@ def _worker(local_rank: int, nproc: int, port: int, keep_freed: bool, fn: Callab
                        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     if keep_freed:  # as the launching process does (see aiayn.allocator)
         allocator.keep_freed_memory()
+    finished = False
     try:
         fn(*args, **kwargs)
+        finished = True
     except AiaynError as e:
         print(f"aiayn train (rank {local_rank}): error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         if dist.is_available() and dist.is_initialized():
+            # every rank done before any tears the group down (rank 0 hosts the store the others talk to; once, in
+            # CI, rank 1 aborted at exit with "terminate called without an active exception"). A failed rank skips
+            # the barrier: the launcher stops the others.
+            if finished:
+                dist.barrier()
             dist.destroy_process_group()
 
 
