@@ -208,11 +208,12 @@ def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tenso
     if banned is not None:
         s.index_fill_(1, banned, float("-inf"))
     rows, cols = candidates(s, 2 * screen.bound)  # (M,) each
-    if rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all()):
-        return cols.new_empty(n).index_copy_(0, rows, cols)  # one candidate per row, the usual case: the argmax
-    counts = torch.bincount(rows, minlength=n)
-    if rows.numel() == 0 or int(counts.min()) == 0 or int(counts.max()) > max_candidates:
+    counts = torch.bincount(rows, minlength=n)  # (N,)
+    fewest, most = (int(c) for c in counts.aminmax())
+    if fewest == 0 or most > max_candidates:  # a NaN row, or too many candidates
         return None
+    if most == 1:  # one candidate per row, the usual case: it is the argmax
+        return cols.new_empty(n).index_copy_(0, rows, cols)
     exact = (h.index_select(0, rows) * weight.index_select(0, cols)).sum(1)  # (M,) fp32 logits
     best = exact.new_full((n,), float("-inf")).scatter_reduce_(0, rows, exact, "amax")
     win = exact == best.index_select(0, rows)
