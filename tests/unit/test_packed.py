@@ -174,3 +174,64 @@ def test_narrow_output_layers_are_left_alone_by_default() -> None:
     assert narrow.lm_head.proj.in_features < MIN_PACKED_IN_FEATURES and type(narrow.lm_head.proj) is nn.Linear
     wide = real_layout(build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=300, d_model=256)))
     assert type(wide.lm_head.proj) is PackedLinear
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_fused_activation_equals_the_function_after_the_product(activation: str, monkeypatch) -> None:
+    """The feed-forward layer's activation, applied by oneDNN inside the packed product at CPU inference, gives
+    exactly what the activation after the product gives (fp32), on every route a PackedLinear takes."""
+    from aiayn.nn import packed as packed_module
+
+    fn = {"relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation]
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 256)
+    fast = PackedLinear.from_linear(layer)
+    kernel_activations = []
+    real_kernel = packed_module.torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, w, b, attr, scalars, algorithm):  # noqa: ANN001, ANN202
+        kernel_activations.append(attr)
+        return real_kernel(x, w, b, attr, scalars, algorithm)
+
+    monkeypatch.setattr(packed_module.torch.ops.mkldnn, "_linear_pointwise", spy)
+    x = torch.randn(5, 64) * 3
+    for backend in ("torch", "onednn"):
+        with use_fp32_backend(backend), torch.no_grad():
+            for rows in (x[:1], x):  # one row: F.linear, then the activation; five rows: packed and fused
+                assert torch.equal(fast(rows, activation=activation), fn(layer(rows)))
+    assert kernel_activations and set(kernel_activations) == {activation}
+    # training: the plain differentiable path, the activation after it
+    xg = x.clone().requires_grad_()
+    fast(xg, activation=activation).sum().backward()
+    ref = x.clone().requires_grad_()
+    fn(layer(ref)).sum().backward()
+    torch.testing.assert_close(xg.grad, ref.grad)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, monkeypatch) -> None:
+    """A model's FFN asks its packed first layer for the fused activation (relu, gelu) and leaves gated ones alone;
+    the logits equal those of the unpacked model."""
+    from aiayn.nn.feedforward import FeedForward
+
+    cfg = ModelConfig.preset("tiny", arch="decoder", vocab_size=300, activation=activation)
+    torch.manual_seed(0)
+    plain = build_model(cfg).eval()
+    with use_fp32_backend("onednn"):
+        fast = build_model(cfg).eval()
+        fast.load_state_dict(plain.state_dict())
+        ffn = next(m for m in fast.modules() if isinstance(m, FeedForward))
+        assert type(ffn.w_in) is PackedLinear
+        asked = []
+        real_forward = PackedLinear.forward
+
+        def spy(self, x, activation=None):  # noqa: ANN001, ANN202
+            if self is ffn.w_in:
+                asked.append(activation)
+            return real_forward(self, x, activation)
+
+        monkeypatch.setattr(PackedLinear, "forward", spy)
+        ids = torch.randint(3, 300, (4, 40))
+        with torch.inference_mode():
+            torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-5, atol=1e-5)
+    assert asked == [None if activation == "swiglu" else activation]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.dropout import Dropout
+from aiayn.nn.packed import FUSED_ACTIVATIONS, PackedLinear
 
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "swiglu": F.silu, "geglu": F.gelu}
 
@@ -31,19 +32,22 @@ class FeedForward(nn.Module):
         if activation not in _ACTS:
             raise ValueError(f"unknown activation {activation!r}")
         self.gated = activation in ("swiglu", "geglu")
-        self.act = _ACTS[activation]
+        self.activation, self.act = activation, _ACTS[activation]
         self.w_in = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""
-        h = self.w_in(x)  # (B, T, d_ff) or (B, T, 2*d_ff)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = self.act(gate) * up
+        if isinstance(self.w_in, PackedLinear) and self.activation in FUSED_ACTIVATIONS:
+            h = self.w_in(x, activation=self.activation)  # (B, T, d_ff); fused into the product at CPU inference
         else:
-            h = self.act(h)
+            h = self.w_in(x)  # (B, T, d_ff) or (B, T, 2*d_ff)
+            if self.gated:
+                gate, up = h.chunk(2, dim=-1)
+                h = self.act(gate) * up
+            else:
+                h = self.act(h)
         if self.training and self.dropout.p > 0:
             h = self.dropout(h)
         return self.w_out(h)

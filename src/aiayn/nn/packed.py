@@ -96,9 +96,20 @@ def pack_weight(weight: Tensor) -> Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (..., in) times a :func:`pack_weight` copy (+ bias) -> (..., out); ``F.linear`` up to rounding."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+#: activations oneDNN's linear kernel can apply to its result as a post-op: name -> (its post-op, its algorithm).
+#: Both match torch's own function exactly in fp32 ("gelu" is the exact, erf-based GELU, as ``F.gelu``); in bf16 the
+#: fused activation is applied before the result is rounded to bf16, so it may differ from ``F.gelu`` by one bf16 ulp.
+FUSED_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none")}
+_ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """x (..., in) times a :func:`pack_weight` copy (+ bias) -> (..., out); ``F.linear`` up to rounding.
+
+    ``activation`` (a key of ``FUSED_ACTIVATIONS``) is applied to the result inside the same kernel call.
+    """
+    attr, algorithm = FUSED_ACTIVATIONS[activation] if activation is not None else ("none", "")
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
 
 
 class PackedLinear(nn.Linear):
@@ -135,7 +146,7 @@ class PackedLinear(nn.Linear):
             self._packed, self._packed_key = pack_weight(self.weight), key
         return self._packed
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding.
 
         Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
@@ -144,22 +155,31 @@ class PackedLinear(nn.Linear):
         (there BLAS's fixed cost is about a third of oneDNN's), the packed kernel for larger ones there and, on
         other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise ``cpu_gemm.linear``
         (oneDNN unpacked, or ``F.linear``).
+
+        ``activation`` ("relu" or "gelu", see ``FUSED_ACTIVATIONS``) returns that function of the result instead:
+        on the packed path oneDNN applies it in the same call, which saves an elementwise pass and its fixed cost
+        (a feed-forward layer's first product at inference); elsewhere it is applied afterwards.
         """
         w, b = self.weight, self.bias
         if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
-            return cpu_gemm.linear(x, w, b)
+            return _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:
-                return F.linear(x, w, b)  # a small product: BLAS's fixed cost is about a third of oneDNN's
+                return _activate(F.linear(x, w, b), activation)  # a small product: BLAS's fixed cost is lower
             use_packed = True
         else:  # fp32 output layers from MIN_PACKED_ROWS rows (one row is a matrix-vector product), bf16 from one
             min_rows = MIN_PACKED_ROWS.get(w.dtype)
             use_packed = min_rows is not None and x.numel() >= min_rows * x.shape[-1]
         if use_packed and self._packable():
-            return packed_linear(x, self.packed_weight(), None if b is None else b.detach())
-        return cpu_gemm.linear(x, w, b)
+            return packed_linear(x, self.packed_weight(), None if b is None else b.detach(), activation)
+        return _activate(cpu_gemm.linear(x, w, b), activation)
+
+
+def _activate(y: Tensor, activation: str | None) -> Tensor:
+    """``activation`` (a key of ``FUSED_ACTIVATIONS``, or None for none) applied to ``y``."""
+    return y if activation is None else _ACTIVATION_FNS[activation](y)
 
 
 def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FEATURES) -> nn.Module:
