@@ -143,8 +143,9 @@ def argmax_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
                 ids = screened_argmax(h, proj.weight, screen)  # None: some row had too many candidates
                 settled = ids is not None
                 same = settled and torch.equal(row_argmax(proj(h)), ids)
-                us = cold_call_us({"fp32_us": lambda: row_argmax(proj(h)),
-                                   "screened_us": lambda: screened_argmax(h, proj.weight, screen)}, 10 * runs)
+                us = cold_call_us({"fp32_us": lambda proj=proj, h=h: row_argmax(proj(h)),
+                                   "screened_us": lambda proj=proj, h=h, screen=screen: screened_argmax(
+                                       h, proj.weight, screen)}, 10 * runs)
             out.append({"model": model, "in": n_in, "out": n_out, "rows": m, "screen": str(dtype)[6:], **us,
                         "speedup": us["fp32_us"] / us["screened_us"], "settled": settled, "same": same})
     return out

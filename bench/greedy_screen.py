@@ -58,7 +58,7 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
         prompts = torch.randint(5, vocab - 1, (batch, 8)).tolist()
         out: dict[str, list[list[int]]] = {}
 
-        def run(switch: str) -> None:
+        def run(switch: str, out: dict[str, list[list[int]]] = out, prompts: list[list[int]] = prompts) -> None:
             os.environ[screened.ENV_SWITCH] = switch
             out[switch] = generate(model, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
 

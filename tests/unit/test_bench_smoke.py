@@ -6,8 +6,8 @@ They check what makes a comparison valid (same weights, same output lengths, mat
 from __future__ import annotations
 
 import importlib.util
-import os
 import math
+import os
 import sys
 from pathlib import Path
 
