@@ -9,7 +9,6 @@ from aiayn.models.decoder import DecoderModel
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.init import deepnorm_constants, init_weights
 from aiayn.models.seq2seq import EncoderDecoderModel
-from aiayn.nn.embedding_grads import sparse_tied_embedding_grads
 from aiayn.nn.packed import use_fast_cpu_linears
 
 
@@ -17,9 +16,7 @@ def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
     """Build (and initialize) the model that ``config.arch`` names.
 
     Where oneDNN is the faster fp32 CPU matmul library (AMD CPUs with AVX-512, :mod:`aiayn.nn.cpu_gemm`), the
-    linear layers are :class:`aiayn.nn.packed.PackedLinear` (same parameters and ``state_dict``). Embeddings tied
-    to the output layer return sparse gradients, added in place into the output layer's dense one
-    (:mod:`aiayn.nn.embedding_grads`; ``.grad`` stays dense).
+    linear layers are :class:`aiayn.nn.packed.PackedLinear` (same parameters and ``state_dict``).
 
     Returns:
         :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`.
@@ -33,5 +30,4 @@ def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
         model = EncoderDecoderModel(config, enc_alpha=alphas["encoder"][0], dec_alpha=alphas["decoder"][0])
     if init:
         init_weights(model, config)
-    sparse_tied_embedding_grads(model)  # no dense zero-filled table per embedding lookup in backward
     return use_fast_cpu_linears(model)  # oneDNN for fp32 CPU matmuls where it beats torch's BLAS (nn.cpu_gemm)
