@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn import decode_attention
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.positions import apply_rotary
 
@@ -50,8 +51,9 @@ def scaled_dot_product_attention(
             yields zeros (and zero weights), never NaN.
         bias: float, broadcastable to (B, H, T, S), added to the scores (ALiBi, T5).
         dropout_p: dropout on the attention weights (pass 0.0 at evaluation).
-        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel), or
-            "auto" (sdpa unless weights are requested).
+        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel, or for a CPU
+            decoding step the faster of it and two matmuls, see :mod:`aiayn.nn.decode_attention`), or "auto"
+            (sdpa unless weights are requested).
         return_weights: also return the (B, H, T, S) attention weights (forces the reference backend).
         is_causal: apply a causal mask with queries aligned to the end of the keys (T <= S), in addition
             to ``mask``; lets sdpa use its fast causal path when there is no other mask.
@@ -100,9 +102,13 @@ def scaled_dot_product_attention(
         attn_mask = bias.to(dtype)
         if mask is not None:
             attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
-    with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
-        out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=attn_mask,
-                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
+    if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
+        # a CPU decoding step: the flash kernel or two matmuls, whichever this host measured faster for the shape
+        out = decode_attention.few_query_attention(q, k, v, mask, scale)
+    else:
+        with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=attn_mask,
+                                                 dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, None
