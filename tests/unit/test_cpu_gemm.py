@@ -298,3 +298,39 @@ def test_the_packed_copy_follows_optimizer_steps_fused_ones_too(fused: bool) -> 
         with torch.inference_mode():
             fresh = copy.deepcopy(model)  # copies leave the packed weights behind
             torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_one_row_products_split_over_two_threads_equal_f_linear() -> None:
+    """Where oneDNN is the fp32 backend, one row times a mid-sized weight runs as two half-width products in one
+    bmm (MKL runs a single row on one thread): same values as F.linear, biases, activations and weight changes
+    followed; odd widths, several rows, one thread and tiny products keep F.linear."""
+    from aiayn.nn.packed import MIN_SPLIT_ROW_MACS
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with use_fp32_backend("onednn"), torch.no_grad():
+            for bias in (True, False):
+                layer = nn.Linear(384, 1152, bias=bias)
+                fast = PackedLinear.from_linear(layer)
+                assert MIN_SPLIT_ROW_MACS <= 384 * 1152 < MIN_ONEDNN_MACS
+                for x in (torch.randn(1, 384), torch.randn(1, 1, 384)):
+                    torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(fast(x, activation="gelu"), F.gelu(layer(x)), rtol=1e-5, atol=1e-5)
+                assert fast._halves is not None and fast._halves.shape == (2, 384, 576)
+                layer.weight.mul_(-2.0)  # an in-place change: the split copy is remade
+                x = torch.randn(1, 384)
+                torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+            for shape, rows in (((384, 1151), 1), ((384, 1152), 3), ((64, 256), 1)):
+                plain = PackedLinear.from_linear(nn.Linear(*shape))
+                x = torch.randn(rows, shape[0])
+                torch.testing.assert_close(plain(x), F.linear(x, plain.weight, plain.bias), rtol=1e-5, atol=1e-5)
+                assert plain._halves is None
+            torch.set_num_threads(1)
+            single = PackedLinear.from_linear(nn.Linear(384, 1152))
+            single(torch.randn(1, 384))
+            assert single._halves is None
+    finally:
+        torch.set_num_threads(threads)

@@ -55,6 +55,9 @@ MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see t
 #: where oneDNN is the fp32 backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`): the fewest multiply-adds per call
 #: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
 MIN_ONEDNN_MACS = 1 << 19
+#: there, a single row times a weight of at least this many multiply-adds (below MIN_ONEDNN_MACS) is split into two
+#: half-width products on two threads (:meth:`PackedLinear._split_row_product`): MKL runs one row on one thread
+MIN_SPLIT_ROW_MACS = 1 << 16
 _Linear = TypeVar("_Linear", bound=nn.Linear)
 _optimizer_steps = 0  # every torch optimizer step so far, in this process (see _count_optimizer_step)
 
@@ -120,18 +123,23 @@ class PackedLinear(nn.Linear):
 
     _packed: Tensor | None
     _packed_key: tuple[int, int, torch.dtype, int] | None
+    _halves: Tensor | None
+    _halves_key: tuple[int, int, torch.dtype, int] | None
+    _COPIES = ("packed", "halves")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
         """A ``PackedLinear`` sharing ``linear``'s parameters (same ``Parameter`` objects, so ties survive)."""
         new = _sharing_parameters(cls, linear)
-        new._packed, new._packed_key = None, None
+        for name in cls._COPIES:
+            setattr(new, f"_{name}", None)
+            setattr(new, f"_{name}_key", None)
         return new
 
     def __getstate__(self) -> dict:
-        """Copies and pickles leave the packed weight behind (it is rebuilt on first use)."""
+        """Copies and pickles leave the weight-derived copies behind (they are rebuilt on first use)."""
         state = super().__getstate__()
-        return {**state, "_packed": None, "_packed_key": None}
+        return {**state, **{f"_{name}{suffix}": None for name in self._COPIES for suffix in ("", "_key")}}
 
     def _packable(self) -> bool:
         """Whether this build and CPU can prepack the weight, and may: an inference tensor (made under
@@ -139,12 +147,28 @@ class PackedLinear(nn.Linear):
         w = self.weight
         return w.dtype in MIN_PACKED_ROWS and not w.is_inference() and packable_dtype(w.dtype)
 
+    def _derived(self, name: str, make) -> Tensor:  # noqa: ANN001
+        """The copy ``name`` of the current weight, remade by ``make(weight)`` if the weight changed since."""
+        key = weight_state(self.weight)
+        if getattr(self, f"_{name}", None) is None or getattr(self, f"_{name}_key", None) != key:
+            setattr(self, f"_{name}", make(self.weight))
+            setattr(self, f"_{name}_key", key)
+        return getattr(self, f"_{name}")
+
     def packed_weight(self) -> Tensor:
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
-        key = weight_state(self.weight)
-        if self._packed is None or self._packed_key != key:
-            self._packed, self._packed_key = pack_weight(self.weight), key
-        return self._packed
+        return self._derived("packed", pack_weight)
+
+    def _split_row_product(self, x: Tensor, b: Tensor | None) -> Tensor:
+        """One row x (..., in) times the weight as two half-width products in one ``bmm`` -> (..., out).
+
+        MKL multiplies a single row by a matrix on one thread; ``bmm`` over the two column halves of the transposed
+        weight (a (2, in, out/2) copy, kept like the packed one) runs them on two. Where oneDNN is the fp32
+        backend this made a greedy step of the GPT-2-like model about 1.05x faster (docs/BENCHMARKS.md).
+        """
+        halves = self._derived("halves", _weight_halves)  # (2, in, out/2)
+        y = torch.bmm(x.reshape(1, 1, -1).expand(2, 1, x.shape[-1]), halves).view(*x.shape[:-1], -1)
+        return y if b is None else y.add_(b.detach())
 
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding.
@@ -152,7 +176,8 @@ class PackedLinear(nn.Linear):
         Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
         training where it is the fp32 backend, else ``F.linear``). CPU inference in the weight's dtype takes
         ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds where oneDNN is the fp32 backend
-        (there BLAS's fixed cost is about a third of oneDNN's), the packed kernel for larger ones there and, on
+        (there BLAS's fixed cost is about a third of oneDNN's; a single row of at least ``MIN_SPLIT_ROW_MACS`` as
+        two half-width products on two threads instead), the packed kernel for larger ones there and, on
         other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise ``cpu_gemm.linear``
         (oneDNN unpacked, or ``F.linear``).
 
@@ -166,8 +191,11 @@ class PackedLinear(nn.Linear):
                 and not torch.is_autocast_enabled("cpu")):
             return _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
-            if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:
-                return _activate(F.linear(x, w, b), activation)  # a small product: BLAS's fixed cost is lower
+            if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:  # a small product: BLAS's fixed cost is lower
+                if (x.numel() == x.shape[-1] and x.numel() * w.shape[0] >= MIN_SPLIT_ROW_MACS
+                        and w.shape[0] % 2 == 0 and not w.is_inference() and torch.get_num_threads() > 1):
+                    return _activate(self._split_row_product(x, b), activation)  # one row: both cores
+                return _activate(F.linear(x, w, b), activation)
             use_packed = True
         else:  # fp32 output layers from MIN_PACKED_ROWS rows (one row is a matrix-vector product), bf16 from one
             min_rows = MIN_PACKED_ROWS.get(w.dtype)
@@ -175,6 +203,13 @@ class PackedLinear(nn.Linear):
         if use_packed and self._packable():
             return packed_linear(x, self.packed_weight(), None if b is None else b.detach(), activation)
         return _activate(cpu_gemm.linear(x, w, b), activation)
+
+
+def _weight_halves(weight: Tensor) -> Tensor:
+    """(out, in) weight -> (2, in, out/2) contiguous: the transposed weight's two column halves, for ``bmm``."""
+    out_features, in_features = weight.shape
+    with torch.no_grad():
+        return weight.detach().t().reshape(in_features, 2, out_features // 2).permute(1, 0, 2).contiguous()
 
 
 def _activate(y: Tensor, activation: str | None) -> Tensor:
