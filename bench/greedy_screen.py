@@ -1,12 +1,14 @@
-"""Whole greedy generations with and without the fp16 screen of the output layer, at several output-layer sizes.
+"""Whole greedy generations with and without the screen of the output layer, at several output-layer sizes.
 
-:mod:`aiayn.generate.screened_argmax` screens an fp32 output layer at one or two rows from
+:mod:`aiayn.generate.screened_argmax` screens an fp32 output layer at one row in int8 from
+``MIN_INT8_SCREENED_WEIGHTS`` weights on AVX-512 CPUs (elsewhere in fp16), at one or two rows in fp16 from
 ``MIN_FP16_SCREENED_WEIGHTS[rows]`` weights, and from two rows up in bf16 from ``MIN_BF16_SCREENED_WEIGHTS`` where
 the CPU multiplies bf16 natively. This benchmark shows where that pays: random decoder-only models (vocabulary x
 width from 8000 x 256 to 50257 x 768), greedy generation of ``--new-tokens`` tokens after an 8-token prompt, at
 batch 1, 2, 4 and 16, with the screen forced on at every size and off (``AIAYN_SCREENED_ARGMAX=0``), alternating
 runs in one process; ``screen`` names the screen's dtype (none: no screen at that row count on this CPU), ``same``
-says whether both made the same tokens.
+says whether all made the same tokens. Where the screen is int8, the fp16 screen it replaced runs too
+(``fp16_tok_s``, ``int8_vs_fp16``).
 
 With ``--checkpoint DIR`` (a trained decoder-only checkpoint, e.g. from ``aiayn train``) it reports instead, for
 greedy generation from a few fixed prompts with the screen forced on, how many candidates each screened row had
@@ -41,7 +43,7 @@ from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 # (vocabulary, width, layers)
 SIZES = [(8000, 256, 3), (16384, 256, 3), (32000, 512, 6), (50257, 384, 6), (50257, 768, 2)]
 COLUMNS = ["vocab", "width", "layers", "weights_m", "batch", "screen", "screened_tok_s", "fp32_tok_s", "speedup",
-           "same", "screened_by_default"]
+           "same", "fp16_tok_s", "int8_vs_fp16", "screened_by_default"]
 BATCHES = (1, 2, 4, 16)
 CANDIDATE_COLUMNS = ["vocab", "width", "batch", "screen", "max_row_norm", "hidden_norm_median", "rows_screened",
                      "candidates_median", "candidates_p90", "candidates_max", "unsettled_rows", "same"]
@@ -58,18 +60,27 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
         prompts = torch.randint(5, vocab - 1, (batch, 8)).tolist()
         out: dict[str, list[list[int]]] = {}
 
-        def run(switch: str, out: dict[str, list[list[int]]] = out, prompts: list[list[int]] = prompts) -> None:
+        def run(switch: str, out: dict[str, list[list[int]]] = out, prompts: list[list[int]] = prompts,
+                int8: bool = True) -> None:
             os.environ[screened.ENV_SWITCH] = switch
-            out[switch] = generate(model, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
+            screened.MIN_INT8_SCREENED_WEIGHTS = 0 if int8 else 1 << 62
+            key = switch if int8 else "fp16"
+            out[key] = generate(model, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
 
-        times = benchlib.alternate({"screened": lambda: run("1"), "fp32": lambda: run("0")}, runs=runs)
+        dtype = screened.screen_dtype(batch, vocab * width, width)
+        contenders = {"screened": lambda: run("1"), "fp32": lambda: run("0")}
+        if dtype == torch.int8:  # and the fp16 screen it replaces at one row
+            contenders["fp16"] = lambda: run("1", int8=False)
+        times = benchlib.alternate(contenders, runs=runs)
         os.environ.pop(screened.ENV_SWITCH, None)
         tok_s = {k: new_tokens * batch / benchlib.median(ts) for k, ts in times.items()}
-        dtype = screened.screen_dtype(batch, vocab * width)
+        fp16 = tok_s.get("fp16", float("nan"))
         rows.append({"vocab": vocab, "width": width, "layers": layers, "weights_m": vocab * width / 1e6,
                      "batch": batch, "screen": str(dtype).removeprefix("torch.") if dtype else "none",
                      "screened_tok_s": tok_s["screened"], "fp32_tok_s": tok_s["fp32"],
-                     "speedup": tok_s["screened"] / tok_s["fp32"], "same": out["1"] == out["0"]})
+                     "speedup": tok_s["screened"] / tok_s["fp32"],
+                     "same": out["1"] == out["0"] and out.get("fp16", out["0"]) == out["0"],
+                     "fp16_tok_s": fp16, "int8_vs_fp16": tok_s["screened"] / fp16})
     return rows
 
 
@@ -114,7 +125,7 @@ def candidate_stats(checkpoint: str, batches: tuple[int, ...], new_tokens: int) 
             with_screen, without = run("1", batch), run("0", batch)
             c = sorted(counts)
             rows.append({"vocab": weight.shape[0], "width": weight.shape[1], "batch": batch,
-                         "screen": str(screened.screen_dtype(batch, 1 << 62)).removeprefix("torch."),
+                         "screen": str(screened.screen_dtype(batch, 1 << 62, pre.config.d_model)).removeprefix("torch."),
                          "max_row_norm": float(torch.linalg.vector_norm(weight, dim=1).max()),
                          "hidden_norm_median": benchlib.median(norms) if norms else float("nan"),
                          "rows_screened": len(c), "candidates_median": benchlib.median(c) if c else float("nan"),
@@ -139,8 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sizes = [(2000, 128, 1)] if args.quick else SIZES
     t0 = time.perf_counter()
     default_fp16, default_bf16 = dict(screened.MIN_FP16_SCREENED_WEIGHTS), screened.MIN_BF16_SCREENED_WEIGHTS
+    default_int8 = screened.MIN_INT8_SCREENED_WEIGHTS
     screened.MIN_FP16_SCREENED_WEIGHTS.update({1: 0, 2: 0})  # force the screen on at every size
-    screened.MIN_BF16_SCREENED_WEIGHTS = 0
+    screened.MIN_BF16_SCREENED_WEIGHTS = screened.MIN_INT8_SCREENED_WEIGHTS = 0
     try:
         if args.checkpoint:
             payload = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
@@ -153,9 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                            args.new_tokens, runs)]
     finally:
         screened.MIN_FP16_SCREENED_WEIGHTS.update(default_fp16)
-        screened.MIN_BF16_SCREENED_WEIGHTS = default_bf16
+        screened.MIN_BF16_SCREENED_WEIGHTS, screened.MIN_INT8_SCREENED_WEIGHTS = default_bf16, default_int8
     for r in rows:
-        r["screened_by_default"] = screened.screen_dtype(r["batch"], r["vocab"] * r["width"]) is not None
+        r["screened_by_default"] = screened.screen_dtype(r["batch"], r["vocab"] * r["width"], r["width"]) is not None
     payload = {"threads": args.threads, "runs": runs, "new_tokens": args.new_tokens, "rows": rows,
                "wall_s": time.perf_counter() - t0}
     benchlib.report("greedy_screen", payload, COLUMNS, args.quick)

@@ -24,7 +24,9 @@ def reference_argmax(h: torch.Tensor, weight: torch.Tensor, banned: list[int] = 
 
 
 SCREEN_DTYPES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    not onednn_bf16_available(), reason="bf16 screens need native bf16 matmuls in oneDNN (AVX512-BF16 / AMX)"))]
+    not onednn_bf16_available(), reason="bf16 screens need native bf16 matmuls in oneDNN (AVX512-BF16 / AMX)")),
+    pytest.param(torch.int8, marks=pytest.mark.skipif(
+        not SA.int8_screen_available(), reason="int8 screens need torch's AVX-512 int8 kernel"))]
 
 
 @pytest.mark.parametrize("dtype", SCREEN_DTYPES)
@@ -33,7 +35,7 @@ SCREEN_DTYPES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.s
 def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool, dtype: torch.dtype) -> None:
     # same-sign inputs make the fp32 sum's rounding largest; tiny scales put fp16 values among the subnormals
     g = torch.Generator().manual_seed(0)
-    d = 4096 if same_sign else 384
+    d = 4096 if same_sign else (768 if dtype == torch.int8 else 384)  # int8: two column chunks
     w = torch.randn(512, d, generator=g, dtype=torch.float64) * scale
     h = torch.randn(4, d, generator=g, dtype=torch.float64) * 7
     if same_sign:
@@ -41,7 +43,7 @@ def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool, dt
     screen = SA.make_screen(w.float(), dtype)
     assert screen is not None and screen.dtype == dtype
     s = SA.screened_logits(h.float(), screen)
-    assert s.dtype == dtype and s.shape == (4, 512)
+    assert s.dtype == (torch.float32 if dtype == torch.int8 else dtype) and s.shape == (4, 512)
     exact = F.linear(h, w) / torch.linalg.vector_norm(h, dim=1, keepdim=True)
     err = (s.double() - exact).abs().max().item()
     assert err <= screen.bound
@@ -79,6 +81,29 @@ def test_screen_matches_fp32_argmax_with_bans_and_ties(dtype: torch.dtype) -> No
     assert got[5] == 700 and got[6] != 17
 
 
+def test_int8_chunks_are_aligned_and_at_most_the_widest_fast_one() -> None:
+    for width in (16, 256, 384, 512, 528, 768, 1024, 1040, 4096):
+        chunks = SA.int8_chunks(width)
+        assert chunks[0][0] == 0 and chunks[-1][1] == width
+        assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:]))  # contiguous
+        assert all((b - a) % SA.INT8_ALIGN == 0 and 0 < b - a <= SA.INT8_MAX_CHUNK for a, b in chunks)
+        assert len(chunks) == -(-width // SA.INT8_MAX_CHUNK)
+    assert SA.int8_chunks(768) == ((0, 384), (384, 768))
+
+
+@pytest.mark.skipif(not SA.int8_screen_available(), reason="int8 screens need torch's AVX-512 int8 kernel")
+def test_int8_screen_rows_are_within_the_measured_error() -> None:
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(300, 64, generator=g) * 0.1
+    w[7] = 0.0  # an all-zero row: scale 1, nothing to round
+    w[8, 3] = 1e-38  # a tiny one
+    screen = SA.make_screen(w, torch.int8)
+    q = torch.cat(screen.weight, dim=1).double() * screen.scales.double()[:, None]
+    assert (q - w.double()).abs().max() <= screen.scales.double().max() / 2
+    assert torch.cat(screen.weight, dim=1).abs().max() <= 127 and q[7].abs().max() == 0
+    assert SA.make_screen(torch.full((4, 16), float("inf")), torch.int8) is None
+
+
 def test_unsettled_rows_ask_for_the_full_logits() -> None:
     w = torch.randn(1000, 64) * 0.05
     screen = SA.make_screen(w)
@@ -103,9 +128,11 @@ def _count_screens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _screen_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+def _screen_everything(monkeypatch: pytest.MonkeyPatch, int8: bool = False) -> None:
+    """Screen layers of any size; one row in int8 (where it runs) only if ``int8``."""
     monkeypatch.setattr(SA, "MIN_FP16_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
     monkeypatch.setattr(SA, "MIN_BF16_SCREENED_WEIGHTS", 1000)
+    monkeypatch.setattr(SA, "MIN_INT8_SCREENED_WEIGHTS", 1000 if int8 else 1 << 62)
 
 
 def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,6 +140,13 @@ def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPat
     _screen_everything(monkeypatch)
     bf16 = onednn_bf16_available()
     assert SA.screen_dtype(1, 1000) == torch.float16 and SA.screen_dtype(1, 999) is None
+    int8 = SA.int8_screen_available()
+    monkeypatch.setattr(SA, "MIN_INT8_SCREENED_WEIGHTS", 1 << 22)
+    assert SA.screen_dtype(1, 1 << 22, 384) == (torch.int8 if int8 else torch.float16)
+    assert SA.screen_dtype(1, (1 << 22) - 1, 384) == torch.float16
+    assert SA.screen_dtype(1, 1 << 22, 392) == torch.float16  # not a multiple of 16 columns
+    assert SA.screen_dtype(2, 1 << 22, 384) == (torch.bfloat16 if bf16 else torch.float16)
+    _screen_everything(monkeypatch)
     assert SA.screen_dtype(2, 1000) == (torch.bfloat16 if bf16 else torch.float16)
     assert SA.screen_dtype(16, 1000) == (torch.bfloat16 if bf16 else None)
     proj = nn.Linear(32, 500, bias=False)
@@ -158,12 +192,14 @@ def test_the_screen_follows_the_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(SA._screens._entries) == entries - 1  # freed with its weight
 
 
-@pytest.mark.parametrize("batch", [1, 2, 5])
-def test_screened_generation_equals_fp32_generation(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("batch", "int8"), [(1, False), (1, True), (2, False), (5, False)])
+def test_screened_generation_equals_fp32_generation(batch: int, int8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if batch > 2 and not onednn_bf16_available():
         pytest.skip("more than two rows are screened only with native bf16 matmuls")
+    if int8 and not SA.int8_screen_available():
+        pytest.skip("int8 screens need torch's AVX-512 int8 kernel")
     calls = _count_screens(monkeypatch)
-    _screen_everything(monkeypatch)
+    _screen_everything(monkeypatch, int8=int8)
     cfg = ModelConfig.preset("gpt2-small", n_layers=2, d_model=64, n_heads=2, d_ff=128, vocab_size=3000,
                              max_len=128, dropout=0.0)
     torch.manual_seed(0)
@@ -171,6 +207,7 @@ def test_screened_generation_equals_fp32_generation(batch: int, monkeypatch: pyt
     prompts = [[5, 9, 200, 41, 7][: 5 - i] for i in range(batch)]
     screened = generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert calls and set(calls) == {batch}
+    assert any(dtype == torch.int8 for _, dtype in SA._screens._entries) or not int8
     monkeypatch.setenv(SA.ENV_SWITCH, "0")
     assert screened == generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert len(calls) == 40  # one choice per new token, none after the switch went off

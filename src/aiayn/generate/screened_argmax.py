@@ -5,8 +5,9 @@ output layer: 384 x 50257 fp32 weights (77 MB) in the GPT-2-like benchmark model
 layers together (42 MB) and more than the CPU's cache. Greedy search needs the argmax of the logits, not the
 logits. :class:`GreedyHead` finds it in two passes:
 
-1. **Screen.** Multiply the hidden state, scaled to unit length, by a half-precision copy of the weight: half the
-   bytes. (A positive scale leaves the argmax alone and keeps every fp16 value in range.) Each screened logit s_i
+1. **Screen.** Multiply the hidden state, scaled to unit length, by a half-precision copy of the weight (half the
+   bytes), or at one row on AVX-512 CPUs an int8 copy (a quarter). (A positive scale leaves the argmax alone and
+   keeps every fp16 value in range.) Each screened logit s_i
    is within E of the exactly scaled logit l_i / |h|. So the argmax can only be a token with
    s_i >= max_j s_j - 2E: the *candidates*, usually one to a few (:func:`candidates` finds them from block maxima,
    one pass over the screened logits).
@@ -34,9 +35,23 @@ with room to spare.
 This assumes the half-precision product accumulates in fp32, as torch's CPU fp16 kernel and oneDNN's bf16
 kernels do. The tests check it on the host: same-sign sums, whose accumulation error is largest.
 
+**The int8 screen.** Each weight row i is rounded to int8 times a bf16 scale s_i >= max_j |w_ij| / 127, and the
+unit-length input to bf16; torch's weight-only int8 product (``aten._weight_int8pack_mm``, the kernel gpt-fast's
+int8 mode uses) multiplies them in fp32 (q_ij s_i is exact there: 7 by 8 significant bits), sums in fp32 and
+rounds the result to bf16. With u = 2^-8 (bf16), Delta the largest distance between a row and its int8 version
+(measured when the copy is made) and m' = m + Delta, the errors are: the input in bf16, u m'; the rounding of the
+weight, at most |x| Delta by Cauchy-Schwarz; the fp32 sum, D u' m'; the result in bf16, u m'.
+:func:`int8_screen_bound` takes E = (1 + u)^2 ((2u + 2Du') m' + Delta) plus a subnormal term. Delta is about
+sqrt(D / 12) s, so the window is several times the fp16 screen's: 11-39 candidates per row against 1-2 on random
+50257 x 384 weights, still a small confirming product. The kernel is only fast on AVX-512 (elsewhere it is
+scalar) and only up to ``INT8_MAX_CHUNK`` columns per call, so wider weights are screened in column chunks whose
+bf16 results are summed in fp32 (their roundings sum to at most u m' by Cauchy-Schwarz).
+
 **Which screen, when.** Only where a screen pays: CPU, an fp32 bias-free output layer (:func:`screen_dtype`):
 
-- one row: fp16 (``F.linear``), from ``MIN_FP16_SCREENED_WEIGHTS[1]`` weights;
+- one row on AVX-512 (:func:`int8_screen_available`), a width that is a multiple of 16: int8, from
+  ``MIN_INT8_SCREENED_WEIGHTS`` weights;
+- one row elsewhere: fp16 (``F.linear``), from ``MIN_FP16_SCREENED_WEIGHTS[1]`` weights;
 - two rows or more, where the CPU multiplies bf16 natively (AVX512-BF16 or AMX): oneDNN's prepacked bf16 kernel,
   from ``MIN_BF16_SCREENED_WEIGHTS``;
 - two rows elsewhere: fp16 from ``MIN_FP16_SCREENED_WEIGHTS[2]``; more rows elsewhere are not screened.
@@ -79,6 +94,7 @@ screens in a row that do not settle, a head stops screening for the rest of its 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import weakref
@@ -98,27 +114,38 @@ from aiayn.nn.packed import onednn_bf16_available, pack_weight, packed_linear, w
 MIN_FP16_SCREENED_WEIGHTS = {1: 1 << 22, 2: 1 << 23}
 #: the fewest weights worth a bf16 screen (from two rows up, where the CPU multiplies bf16 natively)
 MIN_BF16_SCREENED_WEIGHTS = 1 << 22
+#: the fewest weights worth an int8 screen (one row, where torch's int8 kernel has its AVX-512 form)
+MIN_INT8_SCREENED_WEIGHTS = 1 << 22
+#: the int8 kernel's widest column chunk at full speed: from 576 columns up it read 13 GB/s against 21-24 below
+#: (module docstring), so wider weights are screened in chunks of at most this many columns
+INT8_MAX_CHUNK = 512
+INT8_ALIGN = 16  # the int8 kernel reads 16 columns at a time with aligned loads: chunks are multiples of 16 wide
 MAX_CANDIDATES = 64  # per row; a row with more gets its full fp32 logits
 _BLOCK = 128  # columns per block of the candidate search
 _FP16_MAX = 65504.0
 ENV_SWITCH = "AIAYN_SCREENED_ARGMAX"
 #: each screen dtype's unit roundoff, and the largest rounding error of a value in its subnormal range
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}  # (an int8 screen's inputs and results: bf16)
 SUBNORMAL_ERROR = {torch.float16: 2.0 ** -25, torch.bfloat16: 2.0 ** -134}
 
 
-class HalfScreen(NamedTuple):
-    """A half-precision copy of an output layer's weight and the bound of its screened logits.
+class Screen(NamedTuple):
+    """A low-precision copy of an output layer's weight and the bound of its screened logits.
 
     Attributes:
-        weight: (V, D) fp16, or oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`).
-        dtype: ``torch.float16`` or ``torch.bfloat16``.
+        weight: (V, D) fp16, oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`), or for an int8
+            screen the int8 weight's column chunks, each (V, D_c) contiguous.
+        dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.int8``.
         bound: E: every screened logit of a unit-length input is within E of the exact one.
+        scales: (V,) bf16, the int8 screen's scale of each row (None for the others).
+        chunks: the int8 screen's column ranges, (start, stop) per chunk of ``weight`` (empty for the others).
     """
 
-    weight: Tensor
+    weight: Tensor | tuple[Tensor, ...]
     dtype: torch.dtype
     bound: float
+    scales: Tensor | None = None
+    chunks: tuple[tuple[int, int], ...] = ()
 
 
 def screen_bound(max_row_norm: float, width: int, dtype: torch.dtype = torch.float16) -> float:
@@ -129,9 +156,56 @@ def screen_bound(max_row_norm: float, width: int, dtype: torch.dtype = torch.flo
     return (4 * u + 2 * width * u32) * max_row_norm + subnormal
 
 
-def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> HalfScreen | None:
-    """The fp16 or (prepacked) bf16 screen of a (V, D) fp32 weight; None if its rows are too long for fp16's range
-    (or not finite)."""
+def int8_screen_bound(max_row_norm: float, max_error_norm: float, width: int) -> float:
+    """E for an int8 screen: bf16 input, int8 weight rows times bf16 scales (their largest distance from the fp32
+    rows ``max_error_norm``), fp32 sums of ``width`` products, bf16 results (derivation in the module docstring)."""
+    u, u32 = UNIT_ROUNDOFF[torch.bfloat16], 2.0 ** -24
+    m = max_row_norm + max_error_norm  # bounds every dequantized row's norm
+    subnormal = 4 * math.sqrt(width) * SUBNORMAL_ERROR[torch.bfloat16] * (m + 1)
+    return (1 + u) ** 2 * ((2 * u + 2 * width * u32) * m + max_error_norm) + subnormal
+
+
+@functools.cache
+def int8_screen_available() -> bool:
+    """Whether torch's weight-only int8 product (``aten._weight_int8pack_mm``: bf16 input, fp32 sums) runs its
+    AVX-512 kernel on this CPU; elsewhere its speed was never measured, so no int8 screen."""
+    return (torch.backends.cpu.get_cpu_capability() == "AVX512"
+            and hasattr(torch.ops.aten, "_weight_int8pack_mm"))
+
+
+def int8_chunks(width: int) -> tuple[tuple[int, int], ...]:
+    """Column ranges (start, stop) splitting ``width`` (a multiple of ``INT8_ALIGN``) into as few chunks of at
+    most ``INT8_MAX_CHUNK`` columns as possible, each a multiple of ``INT8_ALIGN`` wide."""
+    n = -(-width // INT8_MAX_CHUNK)
+    step = -(-width // (n * INT8_ALIGN)) * INT8_ALIGN
+    return tuple((a, min(a + step, width)) for a in range(0, width, step))
+
+
+def _int8_screen(weight: Tensor) -> Screen | None:
+    """The int8 screen of a (V, D) fp32 weight (D a multiple of ``INT8_ALIGN``): each row rounded to int8 times a
+    bf16 scale of at least its largest magnitude / 127; None if the weight is not finite."""
+    w = weight.detach().double()
+    m = float(torch.linalg.vector_norm(w, dim=1).max())
+    if not math.isfinite(m):
+        return None
+    amax = w.abs().amax(dim=1)
+    # bf16 rounds within 2^-9 relative, so amax / 126.5 rounds to at least amax / 127: |w / scale| <= 127
+    scales = torch.where(amax > 1e-30, amax / 126.5, 1.0).to(torch.bfloat16)
+    s = scales.double()[:, None]
+    q = torch.round(w / s).clamp_(-127, 127)
+    error = float(torch.linalg.vector_norm(w - q * s, dim=1).max())  # q * s is exact in fp32, as the kernel has it
+    q8 = q.to(torch.int8)
+    chunks = int8_chunks(w.shape[1])
+    copies = tuple(q8[:, a:b].contiguous() for a, b in chunks)
+    return Screen(copies, torch.int8, int8_screen_bound(m, error, w.shape[1]), scales, chunks)
+
+
+def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> Screen | None:
+    """The fp16, (prepacked) bf16 or int8 screen of a (V, D) fp32 weight; None if its rows are too long for fp16's
+    range (or not finite)."""
+    if dtype == torch.int8:
+        with torch.no_grad():
+            return _int8_screen(weight)
     with torch.no_grad():
         m = float(torch.linalg.vector_norm(weight, dim=1).max())
         if not math.isfinite(m) or m > _FP16_MAX / 4:  # a unit-length input's logits stay below m
@@ -140,13 +214,18 @@ def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> HalfScree
             copy = pack_weight(weight.to(torch.bfloat16, memory_format=torch.contiguous_format))
         else:
             copy = weight.to(torch.float16, memory_format=torch.contiguous_format)
-        return HalfScreen(copy, dtype, screen_bound(m, weight.shape[1], dtype))
+        return Screen(copy, dtype, screen_bound(m, weight.shape[1], dtype))
 
 
-def screen_dtype(rows: int, weights: int) -> torch.dtype | None:
-    """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights on this CPU, if any:
-    fp16 at one row (and two without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU
-    multiplies bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
+def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dtype | None:
+    """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights (``width`` columns;
+    None: any) on this CPU, if any: int8 at one row where torch's int8 kernel has its AVX-512 form
+    (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN``, else fp16 at one row (and two
+    without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies bf16 natively
+    (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
+    if (rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS and int8_screen_available()
+            and (width is None or width % INT8_ALIGN == 0)):
+        return torch.int8
     if rows == 1 or (rows == 2 and not onednn_bf16_available()):
         return torch.float16 if weights >= MIN_FP16_SCREENED_WEIGHTS[rows] else None
     if onednn_bf16_available() and weights >= MIN_BF16_SCREENED_WEIGHTS:
@@ -154,9 +233,16 @@ def screen_dtype(rows: int, weights: int) -> torch.dtype | None:
     return None
 
 
-def screened_logits(h: Tensor, screen: HalfScreen) -> Tensor:
-    """h (N, D) fp32, scaled to unit length, times the screen's weight: (N, V) in the screen's dtype."""
-    unit = (h / torch.linalg.vector_norm(h, dim=1, keepdim=True)).to(screen.dtype)
+def screened_logits(h: Tensor, screen: Screen) -> Tensor:
+    """h (N, D) fp32, scaled to unit length, times the screen's weight: (N, V) in the screen's dtype (an int8
+    screen: bf16 from one chunk, fp32 sums of bf16 results from several)."""
+    unit = h / torch.linalg.vector_norm(h, dim=1, keepdim=True)
+    if screen.dtype == torch.int8:
+        unit = unit.to(torch.bfloat16)
+        parts = [torch.ops.aten._weight_int8pack_mm(unit[:, a:b].contiguous(), w, screen.scales)
+                 for (a, b), w in zip(screen.chunks, screen.weight)]
+        return parts[0] if len(parts) == 1 else functools.reduce(torch.add, (p.float() for p in parts))
+    unit = unit.to(screen.dtype)
     if screen.dtype == torch.bfloat16:
         return packed_linear(unit, screen.weight)
     return F.linear(unit, screen.weight)
@@ -189,7 +275,7 @@ def candidates(s: Tensor, margin: float, block: int = _BLOCK) -> tuple[Tensor, T
     return rows, cols
 
 
-def screened_argmax(h: Tensor, weight: Tensor, screen: HalfScreen, banned: Tensor | None = None,
+def screened_argmax(h: Tensor, weight: Tensor, screen: Screen, banned: Tensor | None = None,
                     max_candidates: int = MAX_CANDIDATES) -> Tensor | None:
     """The argmax of ``h @ weight.T`` per row, banned columns excluded, found through ``screen``.
 
@@ -226,9 +312,9 @@ class _ScreenCache:
     ``state_dict``, pickles and copies never carry it."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, HalfScreen | None]] = {}
+        self._entries: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, Screen | None]] = {}
 
-    def get(self, weight: Tensor, dtype: torch.dtype) -> HalfScreen | None:
+    def get(self, weight: Tensor, dtype: torch.dtype) -> Screen | None:
         slot, key = (id(weight), dtype), weight_state(weight)
         entry = self._entries.get(slot)
         if entry is not None and entry[0]() is weight and entry[1] == key:
@@ -250,7 +336,7 @@ def screen_for(h: Tensor, proj: nn.Module) -> torch.dtype | None:
             and w.dtype == h.dtype == torch.float32 and w.device.type == h.device.type == "cpu"
             and not w.is_inference() and os.environ.get(ENV_SWITCH, "1") != "0"):
         return None
-    return screen_dtype(h.shape[0], w.numel())
+    return screen_dtype(h.shape[0], w.numel(), w.shape[1])
 
 
 class GreedyHead:
