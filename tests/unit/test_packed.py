@@ -235,3 +235,36 @@ def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, mo
         with torch.inference_mode():
             torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-5, atol=1e-5)
     assert asked == [None if activation == "swiglu" else activation]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onednn"])
+def test_frozen_blocks_choose_once_per_shape_and_start_afresh(backend: str, monkeypatch) -> None:
+    """Inside ``frozen_weights`` a layer keeps its choice per input shape and dtype (every shape still gets its own
+    product, with the same values); a new block sees weight changes made between blocks; copies drop the plans."""
+    from aiayn.nn import packed
+
+    layer = nn.Linear(64, 256)
+    fast = PackedLinear.from_linear(layer)
+    one, many = torch.randn(1, 64), torch.randn(160, 64)
+    choices = []
+    real_plan = PackedLinear._plan
+    monkeypatch.setattr(PackedLinear, "_plan",
+                        lambda self, x, a: choices.append(tuple(x.shape)) or real_plan(self, x, a))
+    with use_fp32_backend(backend), torch.inference_mode():
+        with packed.frozen_weights():
+            for _ in range(3):
+                for x in (one, many):
+                    torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+            with packed.frozen_weights():  # nested: the outer block's choices
+                fast(one)
+            assert fast(many, activation="relu").min() >= 0
+            assert choices == [(1, 64), (160, 64), (160, 64)]  # (the last: another activation)
+            assert fast._plans is not None and len(fast._plans[1]) == 3
+            assert copy.deepcopy(fast)._plans is None
+        layer.weight.mul_(-1.0)  # between blocks: the next block sees it
+        fast(one)  # and so does every call outside a block
+        assert len(choices) == 4
+        with packed.frozen_weights():
+            torch.testing.assert_close(fast(many), layer(many), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fast(one), layer(one), rtol=1e-5, atol=1e-5)
+        assert len(choices) == 6

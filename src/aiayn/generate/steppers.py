@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.seq2seq import EncoderDecoderModel
+from aiayn.nn.packed import frozen_weights
 
 
 class Stepper(Protocol):
@@ -48,11 +49,14 @@ class Stepper(Protocol):
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore the training flag."""
+    """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore the training flag.
+
+    The block is also a :func:`aiayn.nn.packed.frozen_weights` block: the weights must not change inside it.
+    """
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), frozen_weights():
             yield
     finally:
         model.train(was_training)

@@ -37,7 +37,9 @@ packed weight (65 MB at 512 x 32000 in fp32).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch
@@ -56,7 +58,7 @@ MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see t
 #: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
 MIN_ONEDNN_MACS = 1 << 19
 #: there, a single row times a weight of at least this many multiply-adds (below MIN_ONEDNN_MACS) is split into two
-#: half-width products on two threads (:meth:`PackedLinear._split_row_product`): MKL runs one row on one thread
+#: half-width products on two threads (:func:`_split_row_product`): MKL runs one row on one thread
 MIN_SPLIT_ROW_MACS = 1 << 16
 _Linear = TypeVar("_Linear", bound=nn.Linear)
 _optimizer_steps = 0  # every torch optimizer step so far, in this process (see _count_optimizer_step)
@@ -125,6 +127,7 @@ class PackedLinear(nn.Linear):
     _packed_key: tuple[int, int, torch.dtype, int] | None
     _halves: Tensor | None
     _halves_key: tuple[int, int, torch.dtype, int] | None
+    _plans: tuple[int, dict] | None = None  # (frozen_weights block, {(shape, dtype, activation): product})
     _COPIES = ("packed", "halves")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
@@ -134,12 +137,14 @@ class PackedLinear(nn.Linear):
         for name in cls._COPIES:
             setattr(new, f"_{name}", None)
             setattr(new, f"_{name}_key", None)
+        new._plans = None
         return new
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the weight-derived copies behind (they are rebuilt on first use)."""
         state = super().__getstate__()
-        return {**state, **{f"_{name}{suffix}": None for name in self._COPIES for suffix in ("", "_key")}}
+        return {**state, **{f"_{name}{suffix}": None for name in self._COPIES for suffix in ("", "_key")},
+                "_plans": None}
 
     def _packable(self) -> bool:
         """Whether this build and CPU can prepack the weight, and may: an inference tensor (made under
@@ -159,17 +164,6 @@ class PackedLinear(nn.Linear):
         """The packed copy of the current weight, rebuilt if the weight changed since it was made."""
         return self._derived("packed", pack_weight)
 
-    def _split_row_product(self, x: Tensor, b: Tensor | None) -> Tensor:
-        """One row x (..., in) times the weight as two half-width products in one ``bmm`` -> (..., out).
-
-        MKL multiplies a single row by a matrix on one thread; ``bmm`` over the two column halves of the transposed
-        weight (a (2, in, out/2) copy, kept like the packed one) runs them on two. Where oneDNN is the fp32
-        backend this made a greedy step of the GPT-2-like model about 1.05x faster (docs/BENCHMARKS.md).
-        """
-        halves = self._derived("halves", _weight_halves)  # (2, in, out/2)
-        y = torch.bmm(x.reshape(1, 1, -1).expand(2, 1, x.shape[-1]), halves).view(*x.shape[:-1], -1)
-        return y if b is None else y.add_(b.detach())
-
     def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         """x (..., in_features) -> (..., out_features); the same values as ``nn.Linear`` up to rounding.
 
@@ -184,25 +178,84 @@ class PackedLinear(nn.Linear):
         ``activation`` ("relu" or "gelu", see ``FUSED_ACTIVATIONS``) returns that function of the result instead:
         on the packed path oneDNN applies it in the same call, which saves an elementwise pass and its fixed cost
         (a feed-forward layer's first product at inference); elsewhere it is applied afterwards.
+
+        Inside :func:`frozen_weights` the choice is made once per input shape and dtype and kept for the block.
         """
+        if _frozen_epoch:
+            plans = self._plans
+            if plans is None or plans[0] != _frozen_epoch:
+                plans = self._plans = (_frozen_epoch, {})
+            key = (x.shape, x.dtype, activation)
+            plan = plans[1].get(key)
+            if plan is None:
+                plan = plans[1][key] = self._plan(x, activation)
+            return plan(x)
+        return self._plan(x, activation)(x)
+
+    def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
+        """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype."""
         w, b = self.weight, self.bias
         if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
-            return _activate(cpu_gemm.linear(x, w, b), activation)
+            return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:  # a small product: BLAS's fixed cost is lower
                 if (x.numel() == x.shape[-1] and x.numel() * w.shape[0] >= MIN_SPLIT_ROW_MACS
                         and w.shape[0] % 2 == 0 and not w.is_inference() and torch.get_num_threads() > 1):
-                    return _activate(self._split_row_product(x, b), activation)  # one row: both cores
-                return _activate(F.linear(x, w, b), activation)
+                    halves, bias = self._derived("halves", _weight_halves), _detached(b)
+                    return lambda x: _activate(_split_row_product(x, halves, bias), activation)  # both cores
+                return lambda x: _activate(F.linear(x, w, b), activation)
             use_packed = True
         else:  # fp32 output layers from MIN_PACKED_ROWS rows (one row is a matrix-vector product), bf16 from one
             min_rows = MIN_PACKED_ROWS.get(w.dtype)
             use_packed = min_rows is not None and x.numel() >= min_rows * x.shape[-1]
         if use_packed and self._packable():
-            return packed_linear(x, self.packed_weight(), None if b is None else b.detach(), activation)
-        return _activate(cpu_gemm.linear(x, w, b), activation)
+            packed, bias = self.packed_weight(), _detached(b)
+            return lambda x: packed_linear(x, packed, bias, activation)
+        return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
+
+
+_frozen_epoch = 0  # nonzero inside frozen_weights(): the block's number
+_blocks_entered = 0
+
+
+@contextlib.contextmanager
+def frozen_weights() -> Iterator[None]:
+    """A block in which the caller promises that no weight changes and that autograd and autocast stay as they are
+    (one ``generate`` or ``translate`` call, under :func:`aiayn.generate.steppers.eval_mode`).
+
+    Every :class:`PackedLinear` then chooses its product once per input shape and dtype and keeps the choice, its
+    packed copy and bias for the block, instead of checking them at every call: a decoding step's Python work costs
+    several times its warm time, since the weights streamed between layers evict the interpreter's data from the
+    caches (docs/BENCHMARKS.md). Nested blocks share the outermost one's choices; each new outermost block starts
+    afresh, so changes made between blocks are seen.
+    """
+    global _frozen_epoch, _blocks_entered
+    outer = _frozen_epoch == 0
+    if outer:
+        _blocks_entered += 1
+        _frozen_epoch = _blocks_entered
+    try:
+        yield
+    finally:
+        if outer:
+            _frozen_epoch = 0
+
+
+def _detached(b: Tensor | None) -> Tensor | None:
+    return None if b is None else b.detach()
+
+
+def _split_row_product(x: Tensor, halves: Tensor, b: Tensor | None) -> Tensor:
+    """One row x (..., in) times a weight as two half-width products in one ``bmm`` -> (..., out).
+
+    MKL multiplies a single row by a matrix on one thread; ``bmm`` over the two column halves of the transposed
+    weight (``halves``: :func:`_weight_halves`, kept like the packed copy) runs them on two. Where oneDNN is the fp32
+    backend this made a greedy step of the GPT-2-like model about 1.05x faster (docs/BENCHMARKS.md).
+    """
+    y = torch.bmm(x.reshape(1, 1, -1).expand(2, 1, x.shape[-1]), halves).view(*x.shape[:-1], -1)
+    return y if b is None else y.add_(b)
 
 
 def _weight_halves(weight: Tensor) -> Tensor:
