@@ -125,7 +125,7 @@ def candidate_stats(checkpoint: str, batches: tuple[int, ...], new_tokens: int) 
             with_screen, without = run("1", batch), run("0", batch)
             c = sorted(counts)
             rows.append({"vocab": weight.shape[0], "width": weight.shape[1], "batch": batch,
-                         "screen": str(screened.screen_dtype(batch, 1 << 62, pre.config.d_model)).removeprefix("torch."),
+                         "screen": str(screened.screen_dtype(batch, 1 << 62, weight.shape[1])).removeprefix("torch."),
                          "max_row_norm": float(torch.linalg.vector_norm(weight, dim=1).max()),
                          "hidden_norm_median": benchlib.median(norms) if norms else float("nan"),
                          "rows_screened": len(c), "candidates_median": benchlib.median(c) if c else float("nan"),

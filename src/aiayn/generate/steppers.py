@@ -49,17 +49,19 @@ class Stepper(Protocol):
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore the training flag.
+    """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore every module's training flag.
 
     The block is also a :func:`aiayn.nn.packed.frozen_weights` block: the weights must not change inside it.
     """
-    was_training = model.training
-    model.eval()
+    training = [m for m in model.modules() if m.training]  # usually none: the model is already in eval mode
+    for m in training:
+        m.training = False
     try:
         with torch.inference_mode(), frozen_weights():
             yield
     finally:
-        model.train(was_training)
+        for m in training:
+            m.training = True
 
 
 class Seq2SeqStepper:

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.nn.packed import frozen_block
+
 ENV_VAR = "AIAYN_DECODE_ATTENTION"
 CHOICES = ("auto", "flash", "matmul")
 MAX_QUERIES = 8  # queries per (batch, head) block that count as a decoding step (4 beams folded: 4)
@@ -38,6 +40,7 @@ MIN_SPEEDUP = 1.15  # the matmul path must be at least this much faster to be ch
 MIN_MEASURED_BLOCKS = 64
 _TIMED_CALLS = 3
 _choice: dict[tuple, str] = {}  # shape class -> "flash" or "matmul", measured in this process
+_setting_read: tuple[int, str] = (0, "auto")  # (frozen_weights block, the setting read in it)
 
 
 def applies(q: Tensor, k: Tensor, dropout_p: float, is_causal: bool) -> bool:
@@ -78,9 +81,7 @@ def _pow2(n: int) -> int:
 def chosen_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> str:
     """"flash" or "matmul" for this call's shape class: ``AIAYN_DECODE_ATTENTION`` if it pins one, else the
     measured choice (measured now, on these inputs, if the class is new)."""
-    setting = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if setting not in CHOICES:
-        raise ValueError(f"{ENV_VAR}={setting!r}: choose one of {', '.join(CHOICES)}")
+    setting = _setting()
     if setting != "auto":
         return setting
     b, h, t, dh = q.shape
@@ -91,6 +92,20 @@ def chosen_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: f
     if choice is None:
         choice = _choice[key] = _measure(q, k, v, mask, scale)
     return choice
+
+
+def _setting() -> str:
+    """``AIAYN_DECODE_ATTENTION``, validated; read once per :func:`aiayn.nn.packed.frozen_weights` block (a
+    ``generate`` or ``translate`` call), at every call elsewhere."""
+    global _setting_read
+    block = frozen_block()
+    if block and _setting_read[0] == block:
+        return _setting_read[1]
+    setting = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if setting not in CHOICES:
+        raise ValueError(f"{ENV_VAR}={setting!r}: choose one of {', '.join(CHOICES)}")
+    _setting_read = (block, setting)
+    return setting
 
 
 def _measure(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> str:

@@ -243,6 +243,11 @@ def frozen_weights() -> Iterator[None]:
             _frozen_epoch = 0
 
 
+def frozen_block() -> int:
+    """The number of the :func:`frozen_weights` block in effect (a new one for each outermost block), 0 outside."""
+    return _frozen_epoch
+
+
 def _detached(b: Tensor | None) -> Tensor | None:
     return None if b is None else b.detach()
 
