@@ -268,3 +268,28 @@ def test_frozen_blocks_choose_once_per_shape_and_start_afresh(backend: str, monk
             torch.testing.assert_close(fast(many), layer(many), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(fast(one), layer(one), rtol=1e-5, atol=1e-5)
         assert len(choices) == 6
+
+
+def test_a_frozen_block_holds_only_in_its_own_thread() -> None:
+    """Another thread, outside any block, keeps checking at every call: it may be training meanwhile."""
+    import threading
+
+    from aiayn.nn import packed
+
+    layer = PackedLinear.from_linear(nn.Linear(8, 4))
+    seen = {}
+
+    def other() -> None:
+        seen["block"] = packed.frozen_block()
+        x = torch.randn(3, 8, requires_grad=True)
+        layer(x).sum().backward()  # training in the other thread: gradients flow
+        seen["grad"] = x.grad is not None
+
+    with packed.frozen_weights():
+        assert packed.frozen_block() > 0
+        with torch.inference_mode():
+            layer(torch.randn(3, 8))  # a plan for this shape, in this thread's block
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert seen == {"block": 0, "grad": True} and packed.frozen_block() == 0

@@ -1,4 +1,4 @@
-"""Greedy decoding's argmax over a large fp32 output layer, reading half as many bytes, with the same answer.
+"""Greedy decoding's argmax over a large fp32 output layer, reading a half or a quarter of the bytes, exactly.
 
 At batch 1 a greedy step of a decoder-only model on CPU is bound by memory bandwidth, and its largest read is the
 output layer: 384 x 50257 fp32 weights (77 MB) in the GPT-2-like benchmark model, more than the decoder's other

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -181,10 +183,11 @@ class PackedLinear(nn.Linear):
 
         Inside :func:`frozen_weights` the choice is made once per input shape and dtype and kept for the block.
         """
-        if _frozen_epoch:
+        epoch = _frozen.epoch
+        if epoch:
             plans = self._plans
-            if plans is None or plans[0] != _frozen_epoch:
-                plans = self._plans = (_frozen_epoch, {})
+            if plans is None or plans[0] != epoch:
+                plans = self._plans = (epoch, {})
             key = (x.shape, x.dtype, activation)
             plan = plans[1].get(key)
             if plan is None:
@@ -216,8 +219,12 @@ class PackedLinear(nn.Linear):
         return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
 
 
-_frozen_epoch = 0  # nonzero inside frozen_weights(): the block's number
-_blocks_entered = 0
+class _FrozenState(threading.local):
+    epoch = 0  # nonzero inside frozen_weights() in this thread: the block's number
+
+
+_frozen = _FrozenState()
+_blocks = itertools.count(1)  # block numbers, unique across threads
 
 
 @contextlib.contextmanager
@@ -229,23 +236,23 @@ def frozen_weights() -> Iterator[None]:
     packed copy and bias for the block, instead of checking them at every call: a decoding step's Python work costs
     several times its warm time, since the weights streamed between layers evict the interpreter's data from the
     caches (docs/BENCHMARKS.md). Nested blocks share the outermost one's choices; each new outermost block starts
-    afresh, so changes made between blocks are seen.
+    afresh, so changes made between blocks are seen. The block holds for the thread that entered it only: another
+    thread may train or change other models meanwhile.
     """
-    global _frozen_epoch, _blocks_entered
-    outer = _frozen_epoch == 0
+    outer = _frozen.epoch == 0
     if outer:
-        _blocks_entered += 1
-        _frozen_epoch = _blocks_entered
+        _frozen.epoch = next(_blocks)
     try:
         yield
     finally:
         if outer:
-            _frozen_epoch = 0
+            _frozen.epoch = 0
 
 
 def frozen_block() -> int:
-    """The number of the :func:`frozen_weights` block in effect (a new one for each outermost block), 0 outside."""
-    return _frozen_epoch
+    """The number of the :func:`frozen_weights` block in effect in this thread (a new one for each outermost block),
+    0 outside."""
+    return _frozen.epoch
 
 
 def _detached(b: Tensor | None) -> Tensor | None:
