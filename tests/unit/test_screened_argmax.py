@@ -35,7 +35,7 @@ SCREEN_DTYPES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.s
 def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool, dtype: torch.dtype) -> None:
     # same-sign inputs make the fp32 sum's rounding largest; tiny scales put fp16 values among the subnormals
     g = torch.Generator().manual_seed(0)
-    d = 4096 if same_sign else (768 if dtype == torch.int8 else 384)  # int8: two column chunks
+    d = (512 if dtype == torch.int8 else 4096) if same_sign else 384  # int8 screens take at most 512 columns
     w = torch.randn(512, d, generator=g, dtype=torch.float64) * scale
     h = torch.randn(4, d, generator=g, dtype=torch.float64) * 7
     if same_sign:
@@ -43,7 +43,7 @@ def test_screened_logits_stay_within_the_bound(scale: float, same_sign: bool, dt
     screen = SA.make_screen(w.float(), dtype)
     assert screen is not None and screen.dtype == dtype
     s = SA.screened_logits(h.float(), screen)
-    assert s.dtype == (torch.float32 if dtype == torch.int8 else dtype) and s.shape == (4, 512)
+    assert s.dtype == (torch.bfloat16 if dtype == torch.int8 else dtype) and s.shape == (4, 512)
     exact = F.linear(h, w) / torch.linalg.vector_norm(h, dim=1, keepdim=True)
     err = (s.double() - exact).abs().max().item()
     assert err <= screen.bound
@@ -81,16 +81,6 @@ def test_screen_matches_fp32_argmax_with_bans_and_ties(dtype: torch.dtype) -> No
     assert got[5] == 700 and got[6] != 17
 
 
-def test_int8_chunks_are_aligned_and_at_most_the_widest_fast_one() -> None:
-    for width in (16, 256, 384, 512, 528, 768, 1024, 1040, 4096):
-        chunks = SA.int8_chunks(width)
-        assert chunks[0][0] == 0 and chunks[-1][1] == width
-        assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:]))  # contiguous
-        assert all((b - a) % SA.INT8_ALIGN == 0 and 0 < b - a <= SA.INT8_MAX_CHUNK for a, b in chunks)
-        assert len(chunks) == -(-width // SA.INT8_MAX_CHUNK)
-    assert SA.int8_chunks(768) == ((0, 384), (384, 768))
-
-
 @pytest.mark.skipif(not SA.int8_screen_available(), reason="int8 screens need torch's AVX-512 int8 kernel")
 def test_int8_screen_rows_are_within_the_measured_error() -> None:
     g = torch.Generator().manual_seed(2)
@@ -98,9 +88,9 @@ def test_int8_screen_rows_are_within_the_measured_error() -> None:
     w[7] = 0.0  # an all-zero row: scale 1, nothing to round
     w[8, 3] = 1e-38  # a tiny one
     screen = SA.make_screen(w, torch.int8)
-    q = torch.cat(screen.weight, dim=1).double() * screen.scales.double()[:, None]
+    q = screen.weight.double() * screen.scales.double()[:, None]
     assert (q - w.double()).abs().max() <= screen.scales.double().max() / 2
-    assert torch.cat(screen.weight, dim=1).abs().max() <= 127 and q[7].abs().max() == 0
+    assert screen.weight.abs().max() <= 127 and q[7].abs().max() == 0
     assert SA.make_screen(torch.full((4, 16), float("inf")), torch.int8) is None
 
 
@@ -145,6 +135,7 @@ def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPat
     assert SA.screen_dtype(1, 1 << 22, 384) == (torch.int8 if int8 else torch.float16)
     assert SA.screen_dtype(1, (1 << 22) - 1, 384) == torch.float16
     assert SA.screen_dtype(1, 1 << 22, 392) == torch.float16  # not a multiple of 16 columns
+    assert SA.screen_dtype(1, 1 << 22, 528) == torch.float16  # wider than INT8_MAX_WIDTH
     assert SA.screen_dtype(2, 1 << 22, 384) == (torch.bfloat16 if bf16 else torch.float16)
     _screen_everything(monkeypatch)
     assert SA.screen_dtype(2, 1000) == (torch.bfloat16 if bf16 else torch.float16)

@@ -42,14 +42,15 @@ rounds the result to bf16. With u = 2^-8 (bf16), Delta the largest distance betw
 (measured when the copy is made) and m' = m + Delta, the errors are: the input in bf16, u m'; the rounding of the
 weight, at most |x| Delta by Cauchy-Schwarz; the fp32 sum, D u' m'; the result in bf16, u m'.
 :func:`int8_screen_bound` takes E = (1 + u)^2 ((2u + 2Du') m' + Delta) plus a subnormal term. Delta is about
-sqrt(D / 12) s, so the window is several times the fp16 screen's: 11-39 candidates per row against 1-2 on random
-50257 x 384 weights, still a small confirming product. The kernel is only fast on AVX-512 (elsewhere it is
-scalar) and only up to ``INT8_MAX_CHUNK`` columns per call, so wider weights are screened in column chunks whose
-bf16 results are summed in fp32 (their roundings sum to at most u m' by Cauchy-Schwarz).
+sqrt(D / 12) s, so the window is several times the fp16 screen's and grows with the width: 11-39 candidates per
+row against 1-2 on random 50257 x 384 weights, still a small confirming product, but often more than
+``MAX_CANDIDATES`` on random 50257 x 1024 weights. The kernel is fast only on AVX-512 (elsewhere it is scalar) and
+only up to 512 columns (13 GB/s from 576 up against 21-24 below), so only layers up to ``INT8_MAX_WIDTH`` columns
+are screened in int8.
 
 **Which screen, when.** Only where a screen pays: CPU, an fp32 bias-free output layer (:func:`screen_dtype`):
 
-- one row on AVX-512 (:func:`int8_screen_available`), a width that is a multiple of 16: int8, from
+- one row on AVX-512 (:func:`int8_screen_available`), a width that is a multiple of 16 and at most 512: int8, from
   ``MIN_INT8_SCREENED_WEIGHTS`` weights;
 - one row elsewhere: fp16 (``F.linear``), from ``MIN_FP16_SCREENED_WEIGHTS[1]`` weights;
 - two rows or more, where the CPU multiplies bf16 natively (AVX512-BF16 or AMX): oneDNN's prepacked bf16 kernel,
@@ -67,15 +68,16 @@ caches evicted before each call (``bench/decode_kernels.py``, docs/BENCHMARKS.md
 | 4 | 5.25 ms | 1.98 ms | 2.57-2.82 ms |
 | 16 | | 3.62 ms | 4.61 ms |
 
-Whole greedy generations on the same host (``bench/greedy_screen.py``), screened against fp32:
+Whole greedy generations on the same host (``bench/greedy_screen.py``, thirty-fourth session), screened against
+fp32; at one row the int8 screen, and in brackets it against the fp16 screen it replaced:
 
-| output layer | 1 row (fp16) | 2 rows (bf16) | 4 rows | 16 rows |
+| output layer | 1 row | 2 rows (bf16) | 4 rows | 16 rows |
 | --- | --- | --- | --- | --- |
-| 8000 x 256 (2.0M weights; not screened) | 1.00x | 0.99x | 0.98x | 1.06x |
-| 16384 x 256 (4.2M) | 1.05x | 1.11x | 1.11x | 1.07x |
-| 32000 x 512 (16.4M) | 1.19x | 1.14x | 1.06x | 1.09x |
-| 50257 x 384 (19.3M) | 1.25x | 1.23x | 1.10x | 1.15x |
-| 50257 x 768 (38.6M) | 1.52x | 1.44x | 1.27x | 1.12x |
+| 8000 x 256 (2.0M weights) | 1.11x (int8; 1.17x fp16's speed) | 1.02x | 1.01x | 1.04x |
+| 16384 x 256 (4.2M) | 1.06x (int8; 1.14x) | 1.13x | 1.10x | 1.12x |
+| 32000 x 512 (16.4M) | 1.30x (int8; 1.05x) | 1.18x | 1.19x | 1.15x |
+| 50257 x 384 (19.3M) | 1.50x (int8; 1.10x) | 1.34x | 1.23x | 1.20x |
+| 50257 x 768 (38.6M) | 1.62x (fp16) | 1.42x | 1.31x | 1.13x |
 
 Elsewhere, and for any row the screen cannot settle (no candidate, as with NaN input, or more than
 ``MAX_CANDIDATES``), the full fp32 logits are computed.
@@ -115,11 +117,11 @@ MIN_FP16_SCREENED_WEIGHTS = {1: 1 << 22, 2: 1 << 23}
 #: the fewest weights worth a bf16 screen (from two rows up, where the CPU multiplies bf16 natively)
 MIN_BF16_SCREENED_WEIGHTS = 1 << 22
 #: the fewest weights worth an int8 screen (one row, where torch's int8 kernel has its AVX-512 form)
-MIN_INT8_SCREENED_WEIGHTS = 1 << 22
-#: the int8 kernel's widest column chunk at full speed: from 576 columns up it read 13 GB/s against 21-24 below
-#: (module docstring), so wider weights are screened in chunks of at most this many columns
-INT8_MAX_CHUNK = 512
-INT8_ALIGN = 16  # the int8 kernel reads 16 columns at a time with aligned loads: chunks are multiples of 16 wide
+MIN_INT8_SCREENED_WEIGHTS = 2_000_000
+#: the widest output layer screened in int8: the int8 kernel read 13 GB/s from 576 columns up against 21-24 below,
+#: and the int8 window grows with the width (random 50257 x 1024 weights: too many candidates, 0.66x fp16's speed)
+INT8_MAX_WIDTH = 512
+INT8_ALIGN = 16  # the int8 kernel reads 16 columns at a time with aligned loads: widths must be multiples of 16
 MAX_CANDIDATES = 64  # per row; a row with more gets its full fp32 logits
 _BLOCK = 128  # columns per block of the candidate search
 _FP16_MAX = 65504.0
@@ -133,19 +135,16 @@ class Screen(NamedTuple):
     """A low-precision copy of an output layer's weight and the bound of its screened logits.
 
     Attributes:
-        weight: (V, D) fp16, oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`), or for an int8
-            screen the int8 weight's column chunks, each (V, D_c) contiguous.
+        weight: (V, D) fp16 or int8, or oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`).
         dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.int8``.
         bound: E: every screened logit of a unit-length input is within E of the exact one.
         scales: (V,) bf16, the int8 screen's scale of each row (None for the others).
-        chunks: the int8 screen's column ranges, (start, stop) per chunk of ``weight`` (empty for the others).
     """
 
-    weight: Tensor | tuple[Tensor, ...]
+    weight: Tensor
     dtype: torch.dtype
     bound: float
     scales: Tensor | None = None
-    chunks: tuple[tuple[int, int], ...] = ()
 
 
 def screen_bound(max_row_norm: float, width: int, dtype: torch.dtype = torch.float16) -> float:
@@ -173,17 +172,10 @@ def int8_screen_available() -> bool:
             and hasattr(torch.ops.aten, "_weight_int8pack_mm"))
 
 
-def int8_chunks(width: int) -> tuple[tuple[int, int], ...]:
-    """Column ranges (start, stop) splitting ``width`` (a multiple of ``INT8_ALIGN``) into as few chunks of at
-    most ``INT8_MAX_CHUNK`` columns as possible, each a multiple of ``INT8_ALIGN`` wide."""
-    n = -(-width // INT8_MAX_CHUNK)
-    step = -(-width // (n * INT8_ALIGN)) * INT8_ALIGN
-    return tuple((a, min(a + step, width)) for a in range(0, width, step))
-
-
 def _int8_screen(weight: Tensor) -> Screen | None:
-    """The int8 screen of a (V, D) fp32 weight (D a multiple of ``INT8_ALIGN``): each row rounded to int8 times a
-    bf16 scale of at least its largest magnitude / 127; None if the weight is not finite."""
+    """The int8 screen of a (V, D) fp32 weight (D a multiple of ``INT8_ALIGN``, at most ``INT8_MAX_WIDTH``): each
+    row rounded to int8 times a bf16 scale of at least its largest magnitude / 127; None if the weight is not
+    finite."""
     w = weight.detach().double()
     m = float(torch.linalg.vector_norm(w, dim=1).max())
     if not math.isfinite(m):
@@ -194,10 +186,8 @@ def _int8_screen(weight: Tensor) -> Screen | None:
     s = scales.double()[:, None]
     q = torch.round(w / s).clamp_(-127, 127)
     error = float(torch.linalg.vector_norm(w - q * s, dim=1).max())  # q * s is exact in fp32, as the kernel has it
-    q8 = q.to(torch.int8)
-    chunks = int8_chunks(w.shape[1])
-    copies = tuple(q8[:, a:b].contiguous() for a, b in chunks)
-    return Screen(copies, torch.int8, int8_screen_bound(m, error, w.shape[1]), scales, chunks)
+    q8 = q.to(torch.int8, memory_format=torch.contiguous_format)  # (the weight may be column-major)
+    return Screen(q8, torch.int8, int8_screen_bound(m, error, w.shape[1]), scales)
 
 
 def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> Screen | None:
@@ -219,12 +209,13 @@ def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> Screen | 
 
 def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dtype | None:
     """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights (``width`` columns;
-    None: any) on this CPU, if any: int8 at one row where torch's int8 kernel has its AVX-512 form
-    (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN``, else fp16 at one row (and two
+    None: any up to ``INT8_MAX_WIDTH``) on this CPU, if any: int8 at one row where torch's int8 kernel has its AVX-512
+    form (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN`` up to ``INT8_MAX_WIDTH``, else
+    fp16 at one row (and two
     without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies bf16 natively
     (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
     if (rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS and int8_screen_available()
-            and (width is None or width % INT8_ALIGN == 0)):
+            and (width is None or (width % INT8_ALIGN == 0 and width <= INT8_MAX_WIDTH))):
         return torch.int8
     if rows == 1 or (rows == 2 and not onednn_bf16_available()):
         return torch.float16 if weights >= MIN_FP16_SCREENED_WEIGHTS[rows] else None
@@ -234,14 +225,11 @@ def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dty
 
 
 def screened_logits(h: Tensor, screen: Screen) -> Tensor:
-    """h (N, D) fp32, scaled to unit length, times the screen's weight: (N, V) in the screen's dtype (an int8
-    screen: bf16 from one chunk, fp32 sums of bf16 results from several)."""
+    """h (N, D) fp32, scaled to unit length, times the screen's weight: (N, V) in the screen's dtype (bf16 for
+    an int8 screen)."""
     unit = h / torch.linalg.vector_norm(h, dim=1, keepdim=True)
     if screen.dtype == torch.int8:
-        unit = unit.to(torch.bfloat16)
-        parts = [torch.ops.aten._weight_int8pack_mm(unit[:, a:b].contiguous(), w, screen.scales)
-                 for (a, b), w in zip(screen.chunks, screen.weight)]
-        return parts[0] if len(parts) == 1 else functools.reduce(torch.add, (p.float() for p in parts))
+        return torch.ops.aten._weight_int8pack_mm(unit.to(torch.bfloat16), screen.weight, screen.scales)
     unit = unit.to(screen.dtype)
     if screen.dtype == torch.bfloat16:
         return packed_linear(unit, screen.weight)
