@@ -61,12 +61,12 @@ torch's fp16 product on CPU costs about one weight pass per row, while the packe
 for all rows. On a 2-core AMD EPYC Zen 4 (AVX512-BF16), greedy search's whole argmax over the 384 x 50257 layer,
 caches evicted before each call (``bench/decode_kernels.py``, docs/BENCHMARKS.md):
 
-| rows | fp16 screen | bf16 screen | fp32 product + argmax |
-| --- | --- | --- | --- |
-| 1 | 1.78-1.80 ms | | 3.11-3.26 ms |
-| 2 | 2.89 ms | 2.23 ms | 3.49-3.66 ms |
-| 4 | 5.25 ms | 1.98 ms | 2.57-2.82 ms |
-| 16 | | 3.62 ms | 4.61 ms |
+| rows | int8 screen | fp16 screen | bf16 screen | fp32 product + argmax |
+| --- | --- | --- | --- | --- |
+| 1 | 1.48 ms (34th session) | 1.78-1.80 ms | | 3.11-3.93 ms |
+| 2 | | 2.89 ms | 2.23 ms | 3.49-3.66 ms |
+| 4 | | 5.25 ms | 1.98 ms | 2.57-2.82 ms |
+| 16 | | | 3.62 ms | 4.61 ms |
 
 Whole greedy generations on the same host (``bench/greedy_screen.py``, thirty-fourth session), screened against
 fp32; at one row the int8 screen, and in brackets it against the fp16 screen it replaced:
