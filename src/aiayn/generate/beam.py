@@ -68,10 +68,12 @@ def beam_search(
     fin_tokens = torch.full((B, K, L), pad_id, dtype=torch.long, device=device)
     rank = torch.arange(2 * K, device=device)
     limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
+    ids = list(banned_ids)
+    banned = torch.tensor(ids, dtype=torch.long, device=device) if ids else None  # (nb,), made once
 
     for t in range(L):
         ba, k = alive_cum.shape
-        row_lp, row_tok, lse = _row_top(logits, 2 * K, banned_ids)  # (Ba*k, c) each, c = min(2K, V)
+        row_lp, row_tok, lse = _row_top(logits, 2 * K, banned)  # (Ba*k, c) each, c = min(2K, V)
         if t in limit_steps:  # only at steps where some sentence reaches its length limit: EOS or nothing
             forced = (max_steps == t).repeat_interleave(k)[:, None]  # (Ba*k, 1)
             only_lp = torch.full_like(row_lp, float("-inf"))
@@ -128,7 +130,7 @@ def beam_search(
     return results
 
 
-def _row_top(logits: Tensor, n: int, banned_ids: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+def _row_top(logits: Tensor, n: int, banned: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The ``n`` most likely next tokens of each row: log-probs (N, c) float32, ids (N, c), c = min(n, V),
     and the log normalizer (N, 1).
 
@@ -139,14 +141,14 @@ def _row_top(logits: Tensor, n: int, banned_ids: Sequence[int]) -> tuple[Tensor,
 
     Args:
         logits: (N, V); overwritten at the banned ids when float32.
+        banned: (nb,) long ids never produced, or None.
     """
     z = logits.float()
-    banned = list(banned_ids)
-    if banned:
-        banned_lse = torch.logsumexp(z[:, banned], dim=-1, keepdim=True)  # (N, 1), before they are masked
-        z[:, banned] = float("-inf")
+    if banned is not None:
+        banned_lse = torch.logsumexp(z.index_select(1, banned), dim=-1, keepdim=True)  # (N, 1), before masking
+        z.index_fill_(1, banned, float("-inf"))
     top_z, top_tok, lse = row_top(z, min(n, z.shape[-1]))
-    if banned:
+    if banned is not None:
         lse = torch.logaddexp(lse, banned_lse)
     return top_z - lse, top_tok, lse
 
