@@ -63,18 +63,19 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
         def run(switch: str, out: dict[str, list[list[int]]] = out, prompts: list[list[int]] = prompts,
                 int8: bool = True) -> None:
             os.environ[screened.ENV_SWITCH] = switch
-            screened.MIN_INT8_SCREENED_WEIGHTS = 0 if int8 else 1 << 62
-            key = switch if int8 else "fp16"
-            out[key] = generate(model, prompts, max_new_tokens=new_tokens, greedy=True, stop_ids=(), pad_id=0)
+            screened.MIN_INT8_SCREENED_WEIGHTS = 0 if int8 else 1 << 62  # an fp16 run switches int8 off for itself
+            try:
+                out[switch if int8 else "fp16"] = generate(model, prompts, max_new_tokens=new_tokens, greedy=True,
+                                                           stop_ids=(), pad_id=0)
+            finally:
+                screened.MIN_INT8_SCREENED_WEIGHTS = 0  # forced on, as every screen here
 
-        screened.MIN_INT8_SCREENED_WEIGHTS = 0  # forced on, as every screen here (the fp16 runs switch it off)
         dtype = screened.screen_dtype(batch, vocab * width, width)
         contenders = {"screened": lambda: run("1"), "fp32": lambda: run("0")}
         if dtype == torch.int8:  # and the fp16 screen it replaces at one row
             contenders["fp16"] = lambda: run("1", int8=False)
         times = benchlib.alternate(contenders, runs=runs)
         os.environ.pop(screened.ENV_SWITCH, None)
-        screened.MIN_INT8_SCREENED_WEIGHTS = 0
         tok_s = {k: new_tokens * batch / benchlib.median(ts) for k, ts in times.items()}
         fp16 = tok_s.get("fp16", float("nan"))
         rows.append({"vocab": vocab, "width": width, "layers": layers, "weights_m": vocab * width / 1e6,

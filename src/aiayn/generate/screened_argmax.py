@@ -193,10 +193,9 @@ def _int8_screen(weight: Tensor) -> Screen | None:
 def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> Screen | None:
     """The fp16, (prepacked) bf16 or int8 screen of a (V, D) fp32 weight; None if its rows are too long for fp16's
     range (or not finite)."""
-    if dtype == torch.int8:
-        with torch.no_grad():
-            return _int8_screen(weight)
     with torch.no_grad():
+        if dtype == torch.int8:
+            return _int8_screen(weight)
         m = float(torch.linalg.vector_norm(weight, dim=1).max())
         if not math.isfinite(m) or m > _FP16_MAX / 4:  # a unit-length input's logits stay below m
             return None

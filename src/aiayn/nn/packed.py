@@ -139,7 +139,6 @@ class PackedLinear(nn.Linear):
         for name in cls._COPIES:
             setattr(new, f"_{name}", None)
             setattr(new, f"_{name}_key", None)
-        new._plans = None
         return new
 
     def __getstate__(self) -> dict:
