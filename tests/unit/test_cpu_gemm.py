@@ -17,7 +17,7 @@ from torch import nn
 from aiayn import ModelConfig, build_model
 from aiayn.generate import generate, translate
 from aiayn.nn import cpu_gemm
-from aiayn.nn.cpu_gemm import fp32_backend, linear, mm_nt, onednn_available, use_fp32_backend
+from aiayn.nn.cpu_gemm import fp32_backend, linear, mm_nt, onednn_available, use_fp32_backend, weight_gradient
 from aiayn.nn.layout import cpu_inference_layout
 from aiayn.nn.packed import MIN_ONEDNN_MACS, PackedLinear
 from aiayn.nn.quantize import quantize_int8
@@ -82,6 +82,21 @@ def test_onednn_linear_equals_f_linear_forward_and_backward(bias: bool, x_grad: 
     assert results[0][0].grad_fn.name().startswith("OneDNNLinear")  # the oneDNN path really ran
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["onednn", "torch"])
+@pytest.mark.parametrize("out_features,in_features", [(40, 48), (48, 40), (0, 8)])
+def test_weight_gradient_equals_g_transposed_times_x_and_adds_in_place(backend: str, out_features: int,
+                                                                       in_features: int) -> None:
+    torch.manual_seed(0)
+    g, x = torch.randn(21, out_features), torch.randn(21, in_features)  # (M, out), (M, in)
+    want = g.T @ x
+    with use_fp32_backend(backend):
+        torch.testing.assert_close(weight_gradient(g, x), want, rtol=1e-5, atol=1e-5)
+        total = torch.ones(out_features, in_features)
+        assert weight_gradient(g, x, total) is total  # added in place
+        torch.testing.assert_close(total, want + 1, rtol=1e-5, atol=1e-5)
+        assert weight_gradient(g[:0], x[:0]).count_nonzero() == 0  # no rows: zeros
 
 
 @needs_onednn

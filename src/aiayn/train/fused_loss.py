@@ -23,8 +23,10 @@ Under ``torch.autocast`` the three matmuls run in autocast's dtype, as a linear 
 the logits are copied into the float32 buffer, the softmax and the sum of the weight gradient over chunks stay
 float32, and on CPU the low-precision weight copy, chunk and weight-gradient product are a second workspace.
 
-In float32 on CPUs where oneDNN is the faster matmul library (:mod:`aiayn.nn.cpu_gemm`), the three matmuls run
-through oneDNN.
+In float32 on CPUs where oneDNN is the faster matmul library (:mod:`aiayn.nn.cpu_gemm`), the logits and the hidden
+states' gradient run through oneDNN; the weight's gradient g^T @ h follows :func:`aiayn.nn.cpu_gemm.weight_gradient`
+(BLAS, which takes g^T without a copy, wherever the vocabulary is at least the width), each chunk's product added
+in place with ``addmm_``.
 
 ``label_smoothed_nll(h @ W.T, labels, eps, ignore_vocab_id=k)`` is the reference; tests hold the two equal
 (loss, nll and both gradients).
@@ -39,7 +41,7 @@ import threading
 import torch
 from torch import Tensor
 
-from aiayn.nn.cpu_gemm import mm_nt, onednn_applies
+from aiayn.nn.cpu_gemm import mm_nt, weight_gradient
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 
 #: logits elements per chunk on accelerators (float32: 256 MB): few, large kernels
@@ -155,12 +157,8 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             else:
                 if grad_h_kept is not None:
                     mm_nt(g, w.T, out=grad_h_kept[rows])  # g @ W
-                if need_w and onednn_applies(g, hc):  # g^T @ h, each chunk's product added
-                    grad_w = mm_nt(g.T, hc.T) if grad_w is None else grad_w.add_(mm_nt(g.T, hc.T))
-                elif need_w:
-                    if grad_w is None:
-                        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
-                    grad_w.addmm_(g.T, hc)
+                if need_w:  # g^T @ h, each chunk's product added
+                    grad_w = weight_gradient(g, hc, grad_w)
         if need_w and grad_w is None:  # no row counted
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
         if epsilon > 0:  # the -spread term: each kept row's gradient loses spread * w_smooth ...
