@@ -26,6 +26,7 @@ import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
 import profile_decode  # noqa: E402
 import run_all  # noqa: E402
+import train_step_profile  # noqa: E402
 import train_throughput  # noqa: E402
 import translate_beam  # noqa: E402
 
@@ -198,6 +199,12 @@ def test_profile_summary_fields() -> None:
     s = profile_decode.profile_fn(lambda: torch.relu(a @ a).sum(), steps=2, repeats=1, top=3)
     assert s["gemm_attention_ms_per_step"] > 0 and s["aten_calls_per_step"] >= 1
     assert len(s["top_aten"]) == 3 and s["top_python"]
+
+
+def test_train_step_profile_splits_kernel_time() -> None:
+    row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True)
+    assert row["matmul_ms"] > 0 and row["other_ms"] > 0 and row["attention_ms"] > 0
+    assert 0 < row["mfu"] < row["matmul_only_mfu"]  # the same FLOPs over less time
 
 
 def test_run_all_knows_every_script() -> None:
