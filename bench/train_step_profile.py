@@ -4,7 +4,7 @@ For each ``train_throughput.py`` setup, aiayn's step (forward, fused loss, backw
 ``torch.profiler``, and the kernels' self time is split into:
 
 - ``matmul_ms``: the linear layers and the loss's products, forward and backward (``mkldnn::_linear_pointwise``,
-  ``aten::mm`` / ``addmm`` / ``bmm`` / ``matmul`` outside attention);
+  ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``);
 - ``attention_ms``: torch's CPU flash-attention kernels, forward and backward;
 - ``other_ms``: everything else that the profiler saw (norms, dropout, softmax of the loss, the embedding's
   gradient, Adam, copies); the step's wall time minus the three is Python and autograd bookkeeping.
@@ -42,8 +42,8 @@ ATTENTION_PREFIX = "aten::_scaled_dot_product_flash_attention_for_cpu"
 def split_kernel_time(events: Any) -> dict[str, float]:
     """Self CPU time (ms) of a profile's kernels: matmuls, attention and the rest (see the module docstring).
 
-    ``events``: ``profile.key_averages()``. Python-side ranges (autograd nodes, ``Optimizer.step``) carry no kernel
-    time of their own worth counting and are left out, as are ops whose self time is their children's.
+    ``events``: ``profile.key_averages()``. Only ``aten::`` and ``mkldnn::`` ops count; Python-side ranges (autograd
+    nodes, ``Optimizer.step``) are left out, their self time goes to ``python_ms`` with the rest of the wall time.
     """
     split = {"matmul_ms": 0.0, "attention_ms": 0.0, "other_ms": 0.0}
     for e in events:
@@ -63,7 +63,7 @@ def profile_setup(setup: str, steps: int, quick: bool = False) -> dict[str, Any]
     for _ in range(2):
         step()
     n = 1024 if quick else 2048
-    peak = matmul_peak.peak_flops(n, benchlib.alternate(matmul_peak.matmul_products(n), runs=5, warmup=1))[0]
+    peak = matmul_peak.matmul_peak(n, runs=5, warmup=1)["median_flops"]
     start = time.perf_counter()
     for _ in range(steps):
         step()

@@ -210,9 +210,8 @@ def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dty
     """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights (``width`` columns;
     None: any up to ``INT8_MAX_WIDTH``) on this CPU, if any: int8 at one row where torch's int8 kernel has its AVX-512
     form (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN`` up to ``INT8_MAX_WIDTH``, else
-    fp16 at one row (and two
-    without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies bf16 natively
-    (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
+    fp16 at one row (and two without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies
+    bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
     if (rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS and int8_screen_available()
             and (width is None or (width % INT8_ALIGN == 0 and width <= INT8_MAX_WIDTH))):
         return torch.int8
