@@ -247,8 +247,8 @@ def test_frozen_blocks_choose_once_per_shape_and_start_afresh(backend: str, monk
     fast = PackedLinear.from_linear(layer)
     one, many = torch.randn(1, 64), torch.randn(160, 64)
     choices = []
-    real_plan = PackedLinear._plan
-    monkeypatch.setattr(PackedLinear, "_plan",
+    real_plan = PackedLinear.plan
+    monkeypatch.setattr(PackedLinear, "plan",
                         lambda self, x, a: choices.append(tuple(x.shape)) or real_plan(self, x, a))
     with use_fp32_backend(backend), torch.inference_mode():
         with packed.frozen_weights():

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from aiayn.generate.fast_step import FastDecoderStep
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.seq2seq import EncoderDecoderModel
 from aiayn.nn.packed import frozen_weights
@@ -85,6 +86,7 @@ class Seq2SeqStepper:
         self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (Bm, S)
         self.cache = model.new_cache(capacity)
         self.group = 1  # consecutive rows per memory row: row i reads memory row i // group
+        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
 
     def first(self) -> Tensor:
         """Feed BOS to every sentence: logits (B, V)."""
@@ -96,6 +98,8 @@ class Seq2SeqStepper:
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V)."""
+        if self.fast is not None and self.fast.ready(self.cache):
+            return self.model.lm_head(self.fast(tokens[:, None], self.cache, memory_is_token=self.src_is_token))
         out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
         return out.logits[:, -1]
 
@@ -149,6 +153,7 @@ class LMStepper:
         self.project = project
         self.cache = model.new_cache(capacity)
         self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
+        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
 
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
@@ -162,10 +167,13 @@ class LMStepper:
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
-        out = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
-                         compute_logits=False)
+        if self.fast is not None and self.fast.ready(self.cache):
+            hidden = self.fast(tokens[:, None], self.cache, positions=self.next_pos[:, None])
+        else:
+            hidden = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
+                                compute_logits=False).hidden[:, -1]
         self.next_pos = self.next_pos + 1
-        return self._output(out.hidden[:, -1])
+        return self._output(hidden)
 
     def _output(self, hidden: Tensor) -> Tensor:
         """(N, D) final hidden states -> what a step returns: logits (N, V), or the states themselves."""

@@ -83,6 +83,42 @@ class TransformerStack(nn.Module):
         Returns:
             hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
         """
+        x, mask, bias, rotary, is_causal, memory_mask = self.prepare(
+            ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory_is_token=memory_is_token,
+            cache=cache)
+        weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
+        for i, layer in enumerate(self.layers):
+            x, w_self, w_cross = layer(
+                x, mask=mask, bias=bias, rotary=rotary, is_causal=is_causal, memory=memory,
+                memory_mask=memory_mask,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None and cache.cross_attn else None,
+                return_weights=return_weights)
+            if weights is not None:
+                weights["self"].append(w_self)
+                if w_cross is not None:
+                    weights["cross"].append(w_cross)
+        return self.final_norm(x), weights
+
+    def prepare(
+        self,
+        ids: Tensor,
+        *,
+        is_token: Tensor | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory_is_token: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
+        """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
+        records the new positions in it. The one place where embeddings, positions and masks are made: the
+        layers' loop in :meth:`forward` and the decoding step of :mod:`aiayn.generate.fast_step` both start here.
+
+        Returns:
+            x (B, T, D) the embedded input; the self-attention mask (bool, broadcastable to (B, H, T, S)) or
+            None; the additive position bias (ALiBi, T5) or None; RoPE's (cos, sin) or None; whether
+            self-attention is causal through the fast path (no mask); the cross-attention mask or None.
+        """
         b, t = ids.shape
         c = self.config
         start = cache.length if cache is not None else 0
@@ -125,16 +161,4 @@ class TransformerStack(nn.Module):
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None
         if self.training and self.dropout.p > 0:  # an eval-mode dropout call is still a dispatched op
             x = self.dropout(x)
-        weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
-        for i, layer in enumerate(self.layers):
-            x, w_self, w_cross = layer(
-                x, mask=mask, bias=bias, rotary=rotary, is_causal=is_causal, memory=memory,
-                memory_mask=memory_mask,
-                self_cache=cache.self_attn[i] if cache is not None else None,
-                cross_cache=cache.cross_attn[i] if cache is not None and cache.cross_attn else None,
-                return_weights=return_weights)
-            if weights is not None:
-                weights["self"].append(w_self)
-                if w_cross is not None:
-                    weights["cross"].append(w_cross)
-        return self.final_norm(x), weights
+        return x, mask, bias, rotary, is_causal, memory_mask

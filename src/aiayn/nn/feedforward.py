@@ -6,6 +6,8 @@ and up projections are one fused matmul (``w_in`` of width 2 * d_ff, gate first)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -39,10 +41,23 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""
+        return self.through(x, self.w_in, self.w_out)
+
+    def through(self, x: Tensor, w_in: Callable[..., Tensor], w_out: Callable[[Tensor], Tensor]) -> Tensor:
+        """The network with its two products given as callables: the module's own layers (:meth:`forward`), or
+        the planned products of a decoding step (:mod:`aiayn.generate.fast_step`). ``w_in`` must take the
+        ``activation=`` keyword where ``self.w_in`` is a :class:`PackedLinear` (the activation is then fused into
+        the product at CPU inference).
+
+        Args:
+            x: (..., D).
+        Returns:
+            (..., D).
+        """
         if isinstance(self.w_in, PackedLinear) and self.activation in FUSED_ACTIVATIONS:
-            h = self.w_in(x, activation=self.activation)  # (B, T, d_ff); fused into the product at CPU inference
+            h = w_in(x, activation=self.activation)  # (..., d_ff); fused into the product at CPU inference
         else:
-            h = self.w_in(x)  # (B, T, d_ff) or (B, T, 2*d_ff)
+            h = w_in(x)  # (..., d_ff) or (..., 2*d_ff)
             if self.gated:
                 gate, up = h.chunk(2, dim=-1)
                 h = self.act(gate) * up
@@ -50,4 +65,4 @@ class FeedForward(nn.Module):
                 h = self.act(h)
         if self.training and self.dropout.p > 0:
             h = self.dropout(h)
-        return self.w_out(h)
+        return w_out(h)

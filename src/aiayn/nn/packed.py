@@ -190,12 +190,15 @@ class PackedLinear(nn.Linear):
             key = (x.shape, x.dtype, activation)
             plan = plans[1].get(key)
             if plan is None:
-                plan = plans[1][key] = self._plan(x, activation)
+                plan = plans[1][key] = self.plan(x, activation)
             return plan(x)
-        return self._plan(x, activation)(x)
+        return self.plan(x, activation)(x)
 
-    def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
-        """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype."""
+    def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
+        """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
+        in_features) -> (..., out_features), with ``activation`` applied. Valid while the weight, autograd and
+        autocast stay as they are (inside a :func:`frozen_weights` block, as :mod:`aiayn.generate.fast_step` keeps
+        it)."""
         w, b = self.weight, self.bias
         if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))

@@ -1,0 +1,196 @@
+"""A decoding step without ``nn.Module`` dispatch: a decoder stack's layers run as one flat program.
+
+At batch 1 a beam-4 step multiplies 4 rows, and each linear layer takes tens of microseconds; the Python around
+them then costs as much as the arithmetic. A step through the modules makes about 45 ``nn.Module`` calls and a
+hundred attribute lookups through ``nn.Module.__getattr__``, and every :class:`~aiayn.nn.packed.PackedLinear`
+looks up its product again; the weights streamed between layers evict the interpreter's data from the caches, so
+that work is slow too (docs/BENCHMARKS.md). :class:`FastDecoderStep` gathers, once per ``translate`` or
+``generate`` call, what each layer needs (its products, planned per input shape; its norms as functions; its head
+sizes and residual wiring) and then runs:
+
+1. the stack's own :meth:`~aiayn.models.stack.TransformerStack.prepare` (embeddings, positions, masks, the cache's
+   bookkeeping: the one place they are made, shared with the module path);
+2. per layer the same operations, in the same order, as :class:`~aiayn.nn.layers.TransformerLayer` with one new
+   token per row: self-attention over the cache, cross-attention over the projected memory (a sentence's beams
+   folded into one block), the feed-forward network (:meth:`~aiayn.nn.feedforward.FeedForward.through`), each in
+   its residual wiring; attention through the one core, :func:`~aiayn.nn.attention.scaled_dot_product_attention`;
+3. the final norm (pre-LN).
+
+The output layer stays a module call, so hooks on it (and everything about it) behave as before. Tests hold the
+step equal to ``model.decode`` / ``model(...)`` with a cache, for every norm, activation, position scheme and mask.
+
+Used by :class:`~aiayn.generate.steppers.Seq2SeqStepper` and :class:`~aiayn.generate.steppers.LMStepper` where
+:meth:`FastDecoderStep.build` allows it: inside a :func:`~aiayn.nn.packed.frozen_weights` block (the products are
+planned for it), in eval mode, with no forward hooks on the stack or any of its modules (they would be skipped), and
+unless ``AIAYN_FAST_DECODE_STEP=0``. Everything else takes the modules, as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
+
+from aiayn.models.stack import TransformerStack
+from aiayn.nn.attention import _group, _ungroup, scaled_dot_product_attention
+from aiayn.nn.cache import DecoderCache
+from aiayn.nn.layers import Residual, TransformerLayer
+from aiayn.nn.packed import PackedLinear, frozen_block
+from aiayn.nn.positions import apply_rotary
+
+ENV_VAR = "AIAYN_FAST_DECODE_STEP"  # "0" keeps every decoding step on the modules
+
+
+class _Product:
+    """One linear layer's product, chosen once per input shape and activation for the frozen block
+    (:meth:`PackedLinear.plan`; ``F.linear`` for a plain ``nn.Linear``; the module's ``forward`` otherwise)."""
+
+    __slots__ = ("linear", "plans")
+
+    def __init__(self, linear: nn.Module) -> None:
+        self.linear = linear
+        self.plans: dict[tuple, Callable[[Tensor], Tensor]] = {}
+
+    def __call__(self, x: Tensor, activation: str | None = None) -> Tensor:
+        """x (..., in) -> (..., out), with ``activation`` applied (only where the layer is a PackedLinear)."""
+        key = (x.shape, x.dtype, activation)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(x, activation)
+        return plan(x)
+
+    def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
+        linear = self.linear
+        if isinstance(linear, PackedLinear):
+            return linear.plan(x, activation)
+        if activation is not None:
+            raise ValueError("only a PackedLinear fuses an activation into its product")
+        if type(linear) is nn.Linear:
+            w, b = linear.weight, linear.bias
+            return lambda x: F.linear(x, w, b)
+        return linear.forward
+
+
+def _norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
+    """A norm module as a function of x (..., D)."""
+    if type(norm) is nn.LayerNorm:
+        shape, w, b, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+        return lambda x: F.layer_norm(x, shape, w, b, eps)
+    if type(norm) is nn.Identity:
+        return lambda x: x
+    return norm.forward
+
+
+class _Wiring:
+    """A :class:`~aiayn.nn.layers.Residual` in eval mode: ``enter`` and ``exit`` as there."""
+
+    __slots__ = ("pre", "alpha", "norm")
+
+    def __init__(self, res: Residual) -> None:
+        self.pre, self.alpha, self.norm = res.pre, res.alpha, _norm(res.norm)
+
+    def enter(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre else x
+
+    def exit(self, x: Tensor, y: Tensor) -> Tensor:
+        if self.pre:
+            return x + y
+        return self.norm(x + y if self.alpha == 1.0 else self.alpha * x + y)
+
+
+class _Layer:
+    """What one :class:`~aiayn.nn.layers.TransformerLayer` needs for a one-token step, gathered once."""
+
+    def __init__(self, layer: TransformerLayer) -> None:
+        sa, ca = layer.self_attn, layer.cross_attn
+        self.hq, self.hkv, self.dh = sa.n_heads, sa.n_kv_heads, sa.head_dim
+        self.split = [self.hq * self.dh, self.hkv * self.dh, self.hkv * self.dh]
+        self.qkv, self.self_out = _Product(sa.qkv_proj), _Product(sa.out_proj)
+        self.self_scale, self.self_backend = sa.scale, sa.backend
+        self.self_res = _Wiring(layer.self_res)
+        self.cross = ca is not None
+        if ca is not None:
+            self.cross_q, self.cross_out = _Product(ca.q_proj), _Product(ca.out_proj)
+            self.cross_scale, self.cross_backend = ca.scale, ca.backend
+            self.cross_res = _Wiring(layer.cross_res)
+        self.ffn = layer.ffn
+        self.w_in, self.w_out = _Product(layer.ffn.w_in), _Product(layer.ffn.w_out)
+        self.ffn_res = _Wiring(layer.ffn_res)
+
+
+def _modules_must_run(stack: nn.Module) -> bool:
+    """Whether ``stack`` or a module in it is in training mode (dropout) or has a forward (pre-)hook, or a global
+    forward hook is registered: the flat program would skip them."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m.training or m._forward_hooks or m._forward_pre_hooks for m in stack.modules())
+
+
+class FastDecoderStep:
+    """One new token per row through a decoder stack, as a flat program (see the module docstring).
+
+    Build it with :meth:`build` inside the ``frozen_weights`` block of a decoding call; call it for each step.
+    """
+
+    def __init__(self, stack: TransformerStack) -> None:
+        self.stack = stack
+        self.block = frozen_block()
+        self.layers = [_Layer(layer) for layer in stack.layers]
+        self.final_norm = _norm(stack.final_norm)
+
+    @classmethod
+    def build(cls, stack: TransformerStack) -> FastDecoderStep | None:
+        """A fast step for ``stack``, or None where the modules must run (see the module docstring)."""
+        if os.environ.get(ENV_VAR, "1").strip() == "0" or not frozen_block():
+            return None
+        if _modules_must_run(stack):
+            return None
+        return cls(stack)
+
+    def ready(self, cache: DecoderCache) -> bool:
+        """Whether the next step may take this path: still in the block it was built in, and the cache holds
+        earlier positions (and, for cross-attention, the projected memory)."""
+        return (frozen_block() == self.block and cache.length > 0
+                and all(c.k is not None for c in cache.cross_attn))
+
+    def __call__(self, ids: Tensor, cache: DecoderCache, *, positions: Tensor | None = None,
+                 memory_is_token: Tensor | None = None) -> Tensor:
+        """The stack's output for one new token per row.
+
+        Args:
+            ids: (N, 1) token ids.
+            cache: the stack's :class:`~aiayn.nn.cache.DecoderCache` (:meth:`ready`); the step appends to it.
+            positions: (N|1, 1) position ids; default the cache's length.
+            memory_is_token: (Bm, S_src) bool source padding flags (cross-attention stacks).
+        Returns:
+            hidden (N, D), the final norm applied.
+        """
+        x, mask, bias, rotary, _, memory_mask = self.stack.prepare(
+            ids, positions=positions, memory_is_token=memory_is_token, cache=cache)
+        n = ids.shape[0]
+        x = x.view(n, -1)  # (N, D): one position per row
+        for i, lay in enumerate(self.layers):
+            # self-attention over the cache
+            q, k, v = lay.qkv(lay.self_res.enter(x)).split_with_sizes(lay.split, dim=-1)
+            q, k, v = q.view(n, lay.hq, 1, lay.dh), k.view(n, lay.hkv, 1, lay.dh), v.view(n, lay.hkv, 1, lay.dh)
+            if rotary is not None:
+                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            k, v = cache.self_attn[i].append(k, v)
+            a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
+                                                scale=lay.self_scale)
+            x = lay.self_res.exit(x, lay.self_out(a.reshape(n, lay.hq * lay.dh)))
+            if lay.cross:  # cross-attention: `group` consecutive rows share one memory row
+                cc = cache.cross_attn[i]
+                q = lay.cross_q(lay.cross_res.enter(x)).view(n, lay.hq, 1, lay.dh)
+                if cc.group > 1:
+                    q = _group(q, cc.group)
+                a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
+                                                    scale=lay.cross_scale)
+                if cc.group > 1:
+                    a = _ungroup(a, cc.group, 1)
+                x = lay.cross_res.exit(x, lay.cross_out(a.reshape(n, lay.hq * lay.dh)))
+            x = lay.ffn_res.exit(x, lay.ffn.through(lay.ffn_res.enter(x), lay.w_in, lay.w_out))
+        return self.final_norm(x)
