@@ -11,6 +11,7 @@ from aiayn.generate.fast_step import ENV_VAR, FastDecoderStep
 from aiayn.generate.lm import left_pad
 from aiayn.generate.steppers import eval_mode
 from aiayn.nn.layout import cpu_inference_layout
+from aiayn.nn.packed import frozen_weights
 
 ATOL = 1e-5
 
@@ -89,7 +90,7 @@ def test_translate_and_generate_are_the_same_either_way(monkeypatch: pytest.Monk
         monkeypatch.setenv(ENV_VAR, fast)
         hyps = translate(s2s, src, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2)
         gen = [generate(lm, [[5, 6, 7], [8]], max_new_tokens=6, stop_ids=(), greedy=True),
-                   generate(lm, [[5, 6, 7], [8]], max_new_tokens=6, stop_ids=(), seed=3)]
+               generate(lm, [[5, 6, 7], [8]], max_new_tokens=6, stop_ids=(), seed=3)]
         out[fast] = ([[(h.tokens, round(h.score, 4)) for h in sent] for sent in hyps], gen)
     assert out["0"] == out["1"]
 
@@ -108,7 +109,7 @@ def test_hooks_training_and_unfrozen_weights_keep_the_modules() -> None:
         assert FastDecoderStep.build(stack) is None
         handle.remove()
     model.train()
-    with torch.inference_mode(), _frozen():
+    with torch.inference_mode(), frozen_weights():
         assert FastDecoderStep.build(stack) is None  # dropout is on
 
 
@@ -119,8 +120,3 @@ def test_a_hook_on_a_decoder_layer_still_fires_in_translate() -> None:
     translate(model, torch.randint(3, 61, (2, 5)), beam_size=2, max_len_a=0.0, max_len_b=3)
     assert len(calls) >= 3 and set(calls) == {1}  # the first step and every later one
 
-
-def _frozen():
-    from aiayn.nn.packed import frozen_weights
-
-    return frozen_weights()

@@ -46,7 +46,11 @@ ENV_VAR = "AIAYN_FAST_DECODE_STEP"  # "0" keeps every decoding step on the modul
 
 class _Product:
     """One linear layer's product, chosen once per input shape and activation for the frozen block
-    (:meth:`PackedLinear.plan`; ``F.linear`` for a plain ``nn.Linear``; the module's ``forward`` otherwise)."""
+    (:meth:`PackedLinear.plan`; ``F.linear`` for a plain ``nn.Linear``; the module's ``forward`` otherwise).
+
+    ``PackedLinear.forward`` keeps the same choices per block, but reaching them there (the block number, the
+    module's attributes) made whole batch-1 decodes 3-6% slower than this dict (A/B ``--tag
+    fast-step-simplified``), so the step keeps its own."""
 
     __slots__ = ("linear", "plans")
 
@@ -152,9 +156,9 @@ class FastDecoderStep:
 
     def ready(self, cache: DecoderCache) -> bool:
         """Whether the next step may take this path: still in the block it was built in, and the cache holds
-        earlier positions (and, for cross-attention, the projected memory)."""
-        return (frozen_block() == self.block and cache.length > 0
-                and all(c.k is not None for c in cache.cross_attn))
+        earlier positions (the step that put them there also projected the memory into the cross-attention
+        caches)."""
+        return frozen_block() == self.block and cache.length > 0
 
     def __call__(self, ids: Tensor, cache: DecoderCache, *, positions: Tensor | None = None,
                  memory_is_token: Tensor | None = None) -> Tensor:
