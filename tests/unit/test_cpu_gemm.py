@@ -19,7 +19,7 @@ from aiayn.generate import generate, translate
 from aiayn.nn import cpu_gemm
 from aiayn.nn.cpu_gemm import fp32_backend, linear, mm_nt, onednn_available, use_fp32_backend, weight_gradient
 from aiayn.nn.layout import cpu_inference_layout
-from aiayn.nn.packed import MIN_ONEDNN_MACS, PackedLinear
+from aiayn.nn.packed import MIN_ONEDNN_MACS, MIN_ONEDNN_MACS_FEW_ROWS, PackedLinear, frozen_weights
 from aiayn.nn.quantize import quantize_int8
 from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import label_smoothed_nll
@@ -267,6 +267,29 @@ def test_inference_takes_blas_below_the_size_threshold_and_never_the_autograd_wr
         x = large.clone().requires_grad_()
         packed(x).sum().backward()
         assert calls["autograd"] == 1 and x.grad is not None
+
+
+@needs_onednn
+def test_few_row_products_take_the_packed_kernel_from_their_own_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A beam step's 4 rows x 256 x 256 (2^18 multiply-adds, under MIN_ONEDNN_MACS) go to the packed kernel, with the
+    same values as nn.Linear; 4 rows of a narrower layer, and one row of the same layer, stay on BLAS."""
+    layer, narrow = nn.Linear(256, 256), nn.Linear(64, 256)
+    fast, fast_narrow = PackedLinear.from_linear(layer), PackedLinear.from_linear(narrow)
+    beams, one_row, narrow_beams = torch.randn(4, 256), torch.randn(1, 256), torch.randn(4, 64)
+    assert MIN_ONEDNN_MACS_FEW_ROWS <= beams.numel() * 256 < MIN_ONEDNN_MACS
+    assert narrow_beams.numel() * 256 < MIN_ONEDNN_MACS_FEW_ROWS
+    calls = _count_kernels(monkeypatch)
+    with use_fp32_backend("onednn"), torch.inference_mode(), frozen_weights():
+        for _ in range(2):  # the plan is made once and kept for the block
+            torch.testing.assert_close(fast(beams, "relu"), F.relu(F.linear(beams, layer.weight, layer.bias)),
+                                       rtol=1e-5, atol=1e-5)
+        assert calls["packed"] == 2
+        calls.update(blas=0, packed=0)
+        torch.testing.assert_close(fast_narrow(narrow_beams), F.linear(narrow_beams, narrow.weight, narrow.bias),
+                                   rtol=1e-5, atol=1e-5)
+        assert calls["blas"] == 2 and calls["packed"] == 0  # the reference is the other BLAS call
+        torch.testing.assert_close(fast(one_row), layer(one_row), rtol=1e-5, atol=1e-5)
+        assert calls["packed"] == 0
 
 
 @needs_onednn

@@ -59,6 +59,11 @@ MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see t
 #: where oneDNN is the fp32 backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`): the fewest multiply-adds per call
 #: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
 MIN_ONEDNN_MACS = 1 << 19
+#: there, a product of two or more rows takes the packed kernel from this many multiply-adds: a decoding step reads
+#: its weights from memory, not from the caches (the step's weights outgrow them), and on cold weights MKL's
+#: few-row products stream them at about 5 GB/s against oneDNN's 10-20 (256 x 256 at 4 rows, one sentence's beams at
+#: the Multi30k size: 51 against 26 us), though warm MKL is faster (14 against 19 us; docs/BENCHMARKS.md)
+MIN_ONEDNN_MACS_FEW_ROWS = 1 << 17
 #: there, a single row times a weight of at least this many multiply-adds (below MIN_ONEDNN_MACS) is split into two
 #: half-width products on two threads (:func:`_split_row_product`): MKL runs one row on one thread
 MIN_SPLIT_ROW_MACS = 1 << 16
@@ -170,11 +175,11 @@ class PackedLinear(nn.Linear):
 
         Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
         training where it is the fp32 backend, else ``F.linear``). CPU inference in the weight's dtype takes
-        ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds where oneDNN is the fp32 backend
-        (there BLAS's fixed cost is about a third of oneDNN's; a single row of at least ``MIN_SPLIT_ROW_MACS`` as
-        two half-width products on two threads instead), the packed kernel for larger ones there and, on
-        other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise ``cpu_gemm.linear``
-        (oneDNN unpacked, or ``F.linear``).
+        ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds (``MIN_ONEDNN_MACS_FEW_ROWS`` for two
+        rows or more) where oneDNN is the fp32 backend (there BLAS's fixed cost is lower; a single row of at least
+        ``MIN_SPLIT_ROW_MACS`` as two half-width products on two threads instead), the packed kernel for larger ones
+        there and, on other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise
+        ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``).
 
         ``activation`` ("relu" or "gelu", see ``FUSED_ACTIVATIONS``) returns that function of the result instead:
         on the packed path oneDNN applies it in the same call, which saves an elementwise pass and its fixed cost
@@ -205,8 +210,9 @@ class PackedLinear(nn.Linear):
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
-            if x.numel() * w.shape[0] < MIN_ONEDNN_MACS:  # a small product: BLAS's fixed cost is lower
-                if (x.numel() == x.shape[-1] and x.numel() * w.shape[0] >= MIN_SPLIT_ROW_MACS
+            macs = x.numel() * w.shape[0]
+            if macs < (MIN_ONEDNN_MACS if x.numel() == x.shape[-1] else MIN_ONEDNN_MACS_FEW_ROWS):  # small: BLAS
+                if (x.numel() == x.shape[-1] and macs >= MIN_SPLIT_ROW_MACS
                         and w.shape[0] % 2 == 0 and not w.is_inference() and torch.get_num_threads() > 1):
                     halves, bias = self._derived("halves", _weight_halves), _detached(b)
                     return lambda x: _activate(_split_row_product(x, halves, bias), activation)  # both cores
