@@ -23,10 +23,20 @@ import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 THREADS = 2
+#: ``--malloc``: glibc's default ``malloc`` settings, or freed memory kept in the process as the ``aiayn`` command
+#: runs (:func:`aiayn.allocator.keep_freed_memory`). Passed to every process of a run through this environment
+#: variable, so every contender's subprocess runs under the same setting.
+MALLOC_ENV = "AIAYN_BENCH_MALLOC"
+MALLOC_SETTINGS = ("glibc", "keep-freed")
 
 
 def setup(threads: int = THREADS, seed: int = 0) -> None:
-    """Pin torch to ``threads`` intra-op threads (and 1 inter-op thread) and seed it."""
+    """Pin torch to ``threads`` intra-op threads (and 1 inter-op thread), seed it, and apply the run's ``malloc``
+    setting (:func:`malloc_setting`) to this process."""
+    if malloc_setting() == "keep-freed":
+        from aiayn.allocator import keep_freed_memory
+
+        keep_freed_memory()
     torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(1)
@@ -35,12 +45,38 @@ def setup(threads: int = THREADS, seed: int = 0) -> None:
     torch.manual_seed(seed)
 
 
+def malloc_setting() -> str:
+    """The run's ``malloc`` setting, one of ``MALLOC_SETTINGS`` (from ``MALLOC_ENV``; default "glibc")."""
+    setting = os.environ.get(MALLOC_ENV, "glibc").strip() or "glibc"
+    if setting not in MALLOC_SETTINGS:
+        raise ValueError(f"{MALLOC_ENV}={setting!r}: choose one of {', '.join(MALLOC_SETTINGS)}")
+    return setting
+
+
+class _MallocAction(argparse.Action):
+    """``--malloc X``: export X in ``MALLOC_ENV``, so this process and every subprocess it starts apply it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        os.environ[MALLOC_ENV] = values
+        setattr(namespace, self.dest, values)
+
+
 def add_common_args(parser: argparse.ArgumentParser, runs: int | None = 5) -> None:
-    """Add the shared options ``--quick``, ``--threads``, and ``--runs`` (unless ``runs`` is None)."""
+    """Add the shared options ``--quick``, ``--threads``, ``--malloc`` and ``--runs`` (unless ``runs`` is None)."""
     parser.add_argument("--quick", action="store_true", help="a small, fast version of the benchmark")
     parser.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
+    add_malloc_arg(parser)
     if runs is not None:
         parser.add_argument("--runs", type=int, default=None, help=f"timed runs each (default {runs})")
+
+
+def add_malloc_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--malloc`` (see ``MALLOC_ENV``)."""
+    parser.add_argument("--malloc", choices=MALLOC_SETTINGS, action=_MallocAction, default=None,
+                        help="glibc: glibc's default malloc settings (the default); keep-freed: every process of "
+                             "the run, every contender alike, keeps freed memory as the aiayn command does "
+                             "(aiayn.allocator.keep_freed_memory; docs/BENCHMARKS.md)")
 
 
 def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1) -> dict[str, list[float]]:
@@ -173,6 +209,7 @@ def machine_info() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "loadavg_1m": round(load[0], 2),
+        "malloc": malloc_setting(),
     }
 
 

@@ -50,10 +50,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=None, help="torch threads for every script (default: "
                    "each script's own, 2 for comparisons and 1 for profile_decode)")
     p.add_argument("--only", nargs="+", choices=SCRIPTS, default=None, help="run only these scripts")
+    benchlib.add_malloc_arg(p)  # exported to every script's process
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     rows = [run_script(name, args.quick, args.threads) for name in (args.only or SCRIPTS)]
-    payload = {"quick": args.quick, "threads": args.threads, "rows": rows, "wall_s": time.perf_counter() - t0}
+    payload = {"quick": args.quick, "threads": args.threads, "malloc": benchlib.malloc_setting(), "rows": rows,
+               "wall_s": time.perf_counter() - t0}
     print("\n" + benchlib.table(rows))
     print(f"total {payload['wall_s']:.0f} s; written {benchlib.write_results('run_all', payload, quick=args.quick)}")
     if any(r["returncode"] for r in rows):

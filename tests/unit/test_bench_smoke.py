@@ -278,6 +278,29 @@ def test_allocator_bench_times_both_settings_in_fresh_processes() -> None:
     assert {k: len(v) for k, v in row["times"].items()} == {"default": 1, "kept": 1}
 
 
+def test_malloc_option_reaches_every_process_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--malloc keep-freed`` is exported, so each contender's subprocess applies it in ``benchlib.setup``."""
+    import argparse
+    import subprocess
+
+    monkeypatch.setenv(benchlib.MALLOC_ENV, "glibc")  # restored afterwards
+    p = argparse.ArgumentParser()
+    benchlib.add_common_args(p)
+    assert p.parse_args([]).malloc is None and benchlib.malloc_setting() == "glibc"
+    assert p.parse_args(["--malloc", "keep-freed"]).malloc == "keep-freed"
+    assert os.environ[benchlib.MALLOC_ENV] == "keep-freed" == benchlib.malloc_setting()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import benchlib; benchlib.setup(1); "
+            "from aiayn.allocator import keeps_freed_memory; "
+            "print(benchlib.machine_info()['malloc'], keeps_freed_memory())")
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, check=True)
+    from aiayn.allocator import malloc_is_glibcs
+
+    assert out.stdout.split() == ["keep-freed", str(malloc_is_glibcs())]
+    monkeypatch.setenv(benchlib.MALLOC_ENV, "jemalloc")
+    with pytest.raises(ValueError, match="keep-freed"):
+        benchlib.malloc_setting()
+
+
 def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--base-env`` / ``--head-env``: one revision timed under two settings, each child getting only its own."""
     parsed = ab_revisions.parse_env(["AIAYN_FP32_CPU_GEMM=torch", "X=a=b"])
