@@ -215,13 +215,16 @@ def machine_info() -> dict[str, Any]:
 
 def write_results(name: str, payload: dict[str, Any], quick: bool = False,
                   out_dir: Path | None = None) -> Path:
-    """Write ``payload`` plus machine info to ``<out_dir>/<name>.json``.
+    """Write ``payload`` plus machine info to ``<out_dir>/<name>.json`` (``<name>-keep-freed.json`` under
+    ``--malloc keep-freed``, so runs under both settings are kept side by side).
 
     The default directory is ``bench/results``, or ``bench/results/quick`` for ``--quick`` runs (so that quick
     runs never overwrite real-size results).
     """
     out_dir = out_dir or (RESULTS_DIR / "quick" if quick else RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if malloc_setting() != "glibc":
+        name = f"{name}-{malloc_setting()}"
     path = out_dir / f"{name}.json"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     data = {"benchmark": name, "machine": machine_info(), "time": stamp, **payload}
