@@ -86,7 +86,7 @@ def child(workload: str, impl: str, setting: str, runs: int, quick: bool, thread
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    benchlib.add_common_args(p, runs=3)
+    benchlib.add_common_args(p, runs=3, malloc=False)  # it runs both settings itself
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (default, kept) processes")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--child", nargs=3, metavar=("WORKLOAD", "IMPL", "SETTING"), help=argparse.SUPPRESS)

@@ -62,11 +62,13 @@ class _MallocAction(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_common_args(parser: argparse.ArgumentParser, runs: int | None = 5) -> None:
-    """Add the shared options ``--quick``, ``--threads``, ``--malloc`` and ``--runs`` (unless ``runs`` is None)."""
+def add_common_args(parser: argparse.ArgumentParser, runs: int | None = 5, malloc: bool = True) -> None:
+    """Add the shared options ``--quick``, ``--threads``, ``--malloc`` (unless ``malloc`` is False: a script whose
+    processes choose their allocator setting themselves) and ``--runs`` (unless ``runs`` is None)."""
     parser.add_argument("--quick", action="store_true", help="a small, fast version of the benchmark")
     parser.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
-    add_malloc_arg(parser)
+    if malloc:
+        add_malloc_arg(parser)
     if runs is not None:
         parser.add_argument("--runs", type=int, default=None, help=f"timed runs each (default {runs})")
 

@@ -60,7 +60,7 @@ def run_once(cfg: dict, steps: int, log_every: int, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    benchlib.add_common_args(parser, runs=3)
+    benchlib.add_common_args(parser, runs=3, malloc=False)  # its `aiayn train` processes keep freed memory
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 40)")
     args = parser.parse_args()
     cores = args.threads

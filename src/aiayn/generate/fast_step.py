@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
 from aiayn.models.stack import TransformerStack
-from aiayn.nn.attention import _group, _ungroup, scaled_dot_product_attention
+from aiayn.nn.attention import fold_queries, scaled_dot_product_attention, unfold_queries
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import Residual, TransformerLayer
 from aiayn.nn.packed import PackedLinear, frozen_block
@@ -190,11 +190,11 @@ class FastDecoderStep:
                 cc = cache.cross_attn[i]
                 q = lay.cross_q(lay.cross_res.enter(x)).view(n, lay.hq, 1, lay.dh)
                 if cc.group > 1:
-                    q = _group(q, cc.group)
+                    q = fold_queries(q, cc.group)
                 a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
                                                     scale=lay.cross_scale)
                 if cc.group > 1:
-                    a = _ungroup(a, cc.group, 1)
+                    a = unfold_queries(a, cc.group, 1)
                 x = lay.cross_res.exit(x, lay.cross_out(a.reshape(n, lay.hq * lay.dh)))
             x = lay.ffn_res.exit(x, lay.ffn.through(lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)

@@ -127,13 +127,13 @@ def _cpu_training_in_low_precision(q: Tensor, k: Tensor, v: Tensor) -> bool:
             and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
-def _group(q: Tensor, group: int) -> Tensor:
+def fold_queries(q: Tensor, group: int) -> Tensor:
     """(B, H, T, Dh) -> (B/g, H, g*T, Dh): fold the queries of g consecutive rows into one memory row's block."""
     b, h, t, d = q.shape
     return q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
 
 
-def _ungroup(x: Tensor, group: int, t: int) -> Tensor:
+def unfold_queries(x: Tensor, group: int, t: int) -> Tensor:
     """(B/g, H, g*T, X) -> (B, H, T, X): undo the folding of g rows' queries into one memory row's block."""
     bm, h, _, d = x.shape
     return x.view(bm, h, group, t, d).transpose(1, 2).reshape(bm * group, h, t, d)
@@ -232,13 +232,13 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
-            q = _group(q, group)
+            q = fold_queries(q, group)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
         if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)
-            out = _ungroup(out, group, t)
-            weights = _ungroup(weights, group, t) if weights is not None else None
+            out = unfold_queries(out, group, t)
+            weights = unfold_queries(weights, group, t) if weights is not None else None
         # (B, H, T, Dh) -> (B, T, H*Dh); with T = 1 both orders are the same, so no transpose
         out = out.reshape(b, 1, hq * dh) if t == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
         return self.out_proj(out), weights

@@ -210,9 +210,9 @@ class PackedLinear(nn.Linear):
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
-            macs = x.numel() * w.shape[0]
-            if macs < (MIN_ONEDNN_MACS if x.numel() == x.shape[-1] else MIN_ONEDNN_MACS_FEW_ROWS):  # small: BLAS
-                if (x.numel() == x.shape[-1] and macs >= MIN_SPLIT_ROW_MACS
+            macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
+            if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
+                if (one_row and macs >= MIN_SPLIT_ROW_MACS
                         and w.shape[0] % 2 == 0 and not w.is_inference() and torch.get_num_threads() > 1):
                     halves, bias = self._derived("halves", _weight_halves), _detached(b)
                     return lambda x: _activate(_split_row_product(x, halves, bias), activation)  # both cores
