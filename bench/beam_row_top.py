@@ -1,9 +1,9 @@
-"""Beam search's per-step top-k and log-sum-exp: aiayn's blocked ``row_top`` against torch's topk + logsumexp.
+"""Beam search's per-step top-k: aiayn's blocked ``row_topk`` against torch's topk.
 
 For each benchmarked encoder-decoder size (``translate_beam.py``'s random models, EOS masked so every run makes
 the same decoder steps) and batch, the same ``translate`` call runs alternately with
-:func:`aiayn.generate.topk.row_top` and with :func:`~aiayn.generate.topk.row_top_reference` (torch.topk and
-torch.logsumexp) inside beam search; the outputs must be identical. Also the two functions alone on the
+:func:`aiayn.generate.topk.row_topk` and with :func:`~aiayn.generate.topk.row_topk_reference` (torch.topk)
+inside beam search; the outputs must be identical. Also the two functions alone on the
 (batch x beam, vocabulary) logits of one step. Median of ``--runs`` (default 5), milliseconds.
 
     .venv/bin/python bench/beam_row_top.py
@@ -26,7 +26,7 @@ from translate_beam import BOS, EOS, PAD, SIZES, EosMask, Seq2SeqSize, aiayn_mod
 
 import aiayn.generate.beam as beam_module  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
-from aiayn.generate.topk import row_top, row_top_reference  # noqa: E402
+from aiayn.generate.topk import row_topk, row_topk_reference  # noqa: E402
 
 COLUMNS = ["size", "batch", "vocab", "kernel_torch_ms", "kernel_aiayn_ms", "kernel_speedup",
            "decode_torch_ms", "decode_aiayn_ms", "decode_speedup", "same_output"]
@@ -37,27 +37,27 @@ def time_case(size: Seq2SeqSize, model: torch.nn.Module, batch: int, runs: int) 
     """One size and batch: kernels alone and whole beam-4 decodes with each top-k; one result row."""
     g = torch.Generator().manual_seed(batch)
     src = torch.randint(5, size.vocab_size - 2, (batch, SRC_LEN), generator=g)
-    logits = torch.randn(batch * BEAM, size.vocab_size, generator=g) * 3  # (N, V)
+    log_probs = torch.log_softmax(torch.randn(batch * BEAM, size.vocab_size, generator=g) * 3, dim=-1)  # (N, V)
     mask = EosMask(model.lm_head, EOS, OUT_LEN)
     outs: dict[str, list[list[int]]] = {}
 
     def decode(name: str, fn: Any) -> Any:
         def run() -> None:
-            beam_module.row_top = fn
+            beam_module.row_topk = fn
             mask.reset()
             hyps = translate(model, src, beam_size=BEAM, alpha=ALPHA, max_len_a=0.0, max_len_b=OUT_LEN,
                              bos_id=BOS, eos_id=EOS, pad_id=PAD)
             outs[name] = [h[0].tokens for h in hyps]
         return run
 
-    fns = {"kernel_torch": lambda: row_top_reference(logits, 2 * BEAM),
-           "kernel_aiayn": lambda: row_top(logits, 2 * BEAM),
-           "decode_torch": decode("torch", row_top_reference), "decode_aiayn": decode("aiayn", row_top)}
+    fns = {"kernel_torch": lambda: row_topk_reference(log_probs, 2 * BEAM),
+           "kernel_aiayn": lambda: row_topk(log_probs, 2 * BEAM),
+           "decode_torch": decode("torch", row_topk_reference), "decode_aiayn": decode("aiayn", row_topk)}
     try:
         with mask:
             times = benchlib.alternate(fns, runs=runs, warmup=1)
     finally:
-        beam_module.row_top = row_top
+        beam_module.row_topk = row_topk
     row: dict[str, Any] = {"size": size.name, "batch": batch, "vocab": size.vocab_size}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
     row["kernel_speedup"] = row["kernel_torch_ms"] / row["kernel_aiayn_ms"]
@@ -66,7 +66,7 @@ def time_case(size: Seq2SeqSize, model: torch.nn.Module, batch: int, runs: int) 
     return row
 
 
-def bench_row_top(sizes: list[Seq2SeqSize], batches: tuple[int, ...], runs: int) -> dict[str, Any]:
+def bench_row_topk(sizes: list[Seq2SeqSize], batches: tuple[int, ...], runs: int) -> dict[str, Any]:
     """Every size x batch; returns the JSON payload."""
     rows = []
     for size in sizes:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     names = ["multi30k"] if args.quick else list(SIZES)
     batches = (32,) if args.quick else (1, 32)
-    payload = bench_row_top([SIZES[n] for n in names], batches, runs=args.runs or (2 if args.quick else 5))
+    payload = bench_row_topk([SIZES[n] for n in names], batches, runs=args.runs or (2 if args.quick else 5))
     payload["wall_s"] = time.perf_counter() - t0
     benchlib.report("beam_row_top", payload, COLUMNS, args.quick)
     return payload

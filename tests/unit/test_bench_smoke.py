@@ -251,13 +251,13 @@ def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
     from translate_beam import Seq2SeqSize
 
     import aiayn.generate.beam as beam_module
-    from aiayn.generate.topk import row_top
+    from aiayn.generate.topk import row_topk
 
     tiny = Seq2SeqSize("tiny", 32, 64, 2, 1, 3000)  # vocab 3000: the blocked top-k path
-    out = beam_row_top.bench_row_top([tiny], (2,), runs=1)
+    out = beam_row_top.bench_row_topk([tiny], (2,), runs=1)
     (row,) = out["rows"]
     assert row["same_output"] and row["decode_speedup"] > 0 and row["kernel_speedup"] > 0
-    assert beam_module.row_top is row_top
+    assert beam_module.row_topk is row_topk
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from aiayn.generate.common import Hypothesis, length_penalty
 from aiayn.generate.steppers import Stepper
-from aiayn.generate.topk import row_top
+from aiayn.generate.topk import row_topk
 
 
 def beam_search(
@@ -73,11 +73,11 @@ def beam_search(
 
     for t in range(L):
         ba, k = alive_cum.shape
-        row_lp, row_tok, lse = _row_top(logits, 2 * K, banned)  # (Ba*k, c) each, c = min(2K, V)
+        row_lp, row_tok, log_probs = _row_top(logits, 2 * K, banned)  # (Ba*k, c) each, c = min(2K, V); (Ba*k, V)
         if t in limit_steps:  # only at steps where some sentence reaches its length limit: EOS or nothing
             forced = (max_steps == t).repeat_interleave(k)[:, None]  # (Ba*k, 1)
             only_lp = torch.full_like(row_lp, float("-inf"))
-            only_lp[:, :1] = logits[:, eos_id:eos_id + 1].float() - lse  # log p(EOS)
+            only_lp[:, :1] = log_probs[:, eos_id:eos_id + 1]  # log p(EOS)
             row_lp = torch.where(forced, only_lp, row_lp)
             row_tok = torch.where(forced, torch.full_like(row_tok, eos_id), row_tok)
         c = row_lp.shape[1]
@@ -131,26 +131,23 @@ def beam_search(
 
 
 def _row_top(logits: Tensor, n: int, banned: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The ``n`` most likely next tokens of each row: log-probs (N, c) float32, ids (N, c), c = min(n, V),
-    and the log normalizer (N, 1).
+    """The ``n`` most likely next tokens of each row: log-probs (N, c) float32 and ids (N, c), c = min(n, V), and
+    the log-probabilities of the whole vocabulary (N, V) float32, -inf at the banned ids.
 
     Log-probabilities are normalized over the whole vocabulary (banned ids included, as
-    :func:`~aiayn.generate.common.next_log_probs`), then banned ids are excluded; one blocked top-k and
-    log-sum-exp (:func:`~aiayn.generate.topk.row_top`) replace a full (N, V) log-softmax and a top-k over
-    every beam's whole vocabulary.
+    :func:`~aiayn.generate.common.next_log_probs`), then banned ids are excluded. One ``log_softmax`` (torch's kernel
+    fuses its max, exp-sum and subtraction passes) and one blocked top-k (:func:`~aiayn.generate.topk.row_topk`)
+    replace a top-k over every beam's whole vocabulary; the normalizer needs no passes of its own.
 
     Args:
-        logits: (N, V); overwritten at the banned ids when float32.
+        logits: (N, V), left unchanged.
         banned: (nb,) long ids never produced, or None.
     """
-    z = logits.float()
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
     if banned is not None:
-        banned_lse = torch.logsumexp(z.index_select(1, banned), dim=-1, keepdim=True)  # (N, 1), before masking
-        z.index_fill_(1, banned, float("-inf"))
-    top_z, top_tok, lse = row_top(z, min(n, z.shape[-1]))
-    if banned is not None:
-        lse = torch.logaddexp(lse, banned_lse)
-    return top_z - lse, top_tok, lse
+        log_probs.index_fill_(1, banned, float("-inf"))
+    top_lp, top_tok = row_topk(log_probs, min(n, log_probs.shape[-1]))
+    return top_lp, top_tok, log_probs
 
 
 def _collect(results: list[list[Hypothesis]], done: Tensor, sent: Tensor, fin_score: Tensor,
