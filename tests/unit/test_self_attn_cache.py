@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from aiayn.nn.cache import DecoderCache, SelfAttnCache, time_major_index
+from aiayn.nn.cache import DecoderCache, time_major_index
 
 
 def test_time_major_index_selects_rows_at_every_position() -> None:
@@ -17,7 +18,8 @@ def test_appends_reorders_and_growth_match_a_reference() -> None:
     """Keys/values read back equal the reference (B, H, S, Dh) tensors after every kind of row change."""
     g = torch.Generator().manual_seed(0)
     h, d = 2, 3
-    cache = SelfAttnCache(capacity=3)
+    cache = DecoderCache(n_layers=1, capacity=3)
+    layer = cache.self_attn[0]
     ref_k = ref_v = None
     batch = 4
     plan = [  # (new positions, rows to keep afterwards or None)
@@ -30,7 +32,7 @@ def test_appends_reorders_and_growth_match_a_reference() -> None:
     ]
     for t, index in plan:
         k, v = torch.randn(batch, h, t, d, generator=g), torch.randn(batch, h, t, d, generator=g)
-        got_k, got_v = cache.append(k, v)
+        got_k, got_v = layer.append(k, v)
         ref_k = k if ref_k is None else torch.cat([ref_k, k], 2)
         ref_v = v if ref_v is None else torch.cat([ref_v, v], 2)
         assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
@@ -38,7 +40,7 @@ def test_appends_reorders_and_growth_match_a_reference() -> None:
             cache.reorder(index)
             ref_k, ref_v = ref_k[index], ref_v[index]
             batch = index.shape[0]
-    assert cache.length == ref_k.shape[2] == 10 and cache.k.shape[0] >= 10
+    assert layer.length == ref_k.shape[2] == 10 and layer.k.shape[0] >= 10
 
 
 def test_decoder_cache_reorders_every_layer() -> None:
@@ -50,3 +52,34 @@ def test_decoder_cache_reorders_every_layer() -> None:
     for c, k in zip(cache.self_attn, ks):
         got_k, got_v = c.append(torch.zeros(3, 1, 0, 4), torch.zeros(3, 1, 0, 4))
         assert torch.equal(got_k, k[[2, 2, 0]]) and torch.equal(got_v, -k[[2, 2, 0]])
+
+
+def test_append_step_equals_append_in_every_layer_through_reorders_and_growth() -> None:
+    """The fused one-position write (a QKV projection's key and value halves) reads back as two appends do."""
+    g = torch.Generator().manual_seed(1)
+    h, d, layers = 2, 3, 3
+    fused, split = DecoderCache(n_layers=layers, capacity=2), DecoderCache(n_layers=layers, capacity=2)
+    first = [torch.randn(4, h, 1, d, generator=g) for _ in range(2 * layers)]
+    for i in range(layers):  # the first position goes through append() in both
+        fused.self_attn[i].append(first[2 * i], first[2 * i + 1])
+        split.self_attn[i].append(first[2 * i], first[2 * i + 1])
+    batch = 4
+    for index in (torch.tensor([1, 0, 3, 2]), torch.tensor([0, 0, 2]), torch.tensor([2, 1, 0]), None):
+        for i in range(layers):  # a step: the capacity of 2 grows at the second one
+            kv = torch.randn(batch, 2 * h * d, generator=g)
+            got_k, got_v = fused.self_attn[i].append_step(kv)
+            k, v = kv.view(batch, 2, h, 1, d).unbind(1)
+            want_k, want_v = split.self_attn[i].append(k, v)
+            assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+        if index is not None:
+            fused.reorder(index)
+            split.reorder(index)
+            batch = index.shape[0]
+    assert fused.self_attn[0].length == 5 and fused.store.data.shape[0] >= 5
+
+
+def test_keys_that_do_not_fit_the_store_are_refused() -> None:
+    cache = DecoderCache(n_layers=2, capacity=4)
+    cache.self_attn[0].append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
+    with pytest.raises(ValueError, match="batch 3, 2 heads of width 4"):
+        cache.self_attn[1].append(torch.randn(3, 1, 1, 8), torch.randn(3, 1, 1, 8))

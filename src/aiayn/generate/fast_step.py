@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
 from aiayn.models.stack import TransformerStack
-from aiayn.nn.attention import fold_queries, scaled_dot_product_attention, unfold_queries
+from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import Residual, TransformerLayer
 from aiayn.nn.packed import PackedLinear, frozen_block
@@ -111,7 +111,7 @@ class _Layer:
     def __init__(self, layer: TransformerLayer) -> None:
         sa, ca = layer.self_attn, layer.cross_attn
         self.hq, self.hkv, self.dh = sa.n_heads, sa.n_kv_heads, sa.head_dim
-        self.split = [self.hq * self.dh, self.hkv * self.dh, self.hkv * self.dh]
+        self.q_width = self.hq * self.dh
         self.qkv, self.self_out = _Product(sa.qkv_proj), _Product(sa.out_proj)
         self.self_scale, self.self_backend = sa.scale, sa.backend
         self.self_res = _Wiring(layer.self_res)
@@ -178,23 +178,25 @@ class FastDecoderStep:
         x = x.view(n, -1)  # (N, D): one position per row
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
-            q, k, v = lay.qkv(lay.self_res.enter(x)).split_with_sizes(lay.split, dim=-1)
-            q, k, v = q.view(n, lay.hq, 1, lay.dh), k.view(n, lay.hkv, 1, lay.dh), v.view(n, lay.hkv, 1, lay.dh)
-            if rotary is not None:
+            qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)
+            q = qkv[:, :lay.q_width].view(n, lay.hq, 1, lay.dh)
+            if rotary is None:  # keys and values straight from the projection into the cache, in one copy
+                k, v = cache.self_attn[i].append_step(qkv[:, lay.q_width:])
+            else:
+                k, v = qkv[:, lay.q_width:].view(n, 2, lay.hkv, 1, lay.dh).unbind(1)
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-            k, v = cache.self_attn[i].append(k, v)
+                k, v = cache.self_attn[i].append(k, v)
             a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
                                                 scale=lay.self_scale)
             x = lay.self_res.exit(x, lay.self_out(a.reshape(n, lay.hq * lay.dh)))
             if lay.cross:  # cross-attention: `group` consecutive rows share one memory row
-                cc = cache.cross_attn[i]
-                q = lay.cross_q(lay.cross_res.enter(x)).view(n, lay.hq, 1, lay.dh)
-                if cc.group > 1:
-                    q = fold_queries(q, cc.group)
+                cc, g = cache.cross_attn[i], cache.cross_attn[i].group
+                # (N, Hq Dh) -> (N/g, Hq, g, Dh): a memory row's g rows folded into one block, as fold_queries does,
+                # but as a strided view (the flash kernel reads it as it is, and writes its result so that the way
+                # back below is a view too)
+                q = lay.cross_q(lay.cross_res.enter(x)).view(n // g, g, lay.hq, lay.dh).transpose(1, 2)
                 a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
                                                     scale=lay.cross_scale)
-                if cc.group > 1:
-                    a = unfold_queries(a, cc.group, 1)
-                x = lay.cross_res.exit(x, lay.cross_out(a.reshape(n, lay.hq * lay.dh)))
+                x = lay.cross_res.exit(x, lay.cross_out(a.transpose(1, 2).reshape(n, lay.hq * lay.dh)))
             x = lay.ffn_res.exit(x, lay.ffn.through(lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)

@@ -7,70 +7,124 @@ per source sentence.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
-class SelfAttnCache:
-    """Preallocated keys and values of one layer, stored time-major; grows by doubling if needed.
+class KVStore:
+    """The keys and values of every layer of a decoder stack, in one preallocated time-major buffer.
 
-    The buffers are (capacity, B, Hkv, Dh): the filled positions ``[:length]`` are one contiguous block, so beam
-    search's reordering of the batch rows (:meth:`reorder`, every step) is one ``index_select`` of exactly the
-    filled part into a spare buffer, which then becomes the cache: no temporary, no copy back, no work for the
-    unfilled capacity. Attention reads (B, Hkv, length, Dh) views of the same memory (strided, no copy).
-    The price: while rows are reordered at a constant batch size (beam search), the spare doubles this layer's
-    cache memory; a reorder that changes the batch size keeps no spare.
+    The buffer is (capacity, B, L, 2, Hkv, Dh): position, batch row, layer, key or value. The filled positions
+    ``[:length]`` are one contiguous block of rows of B * L * 2 * Hkv * Dh values each, so beam search's reordering of
+    the batch rows (:meth:`reorder`, every step) is one ``index_select`` for all layers' keys and values together,
+    of exactly the filled part, into a spare buffer that then becomes the store: no temporary, no copy back, no work
+    for the unfilled capacity, and a handful of dispatched ops per step however many layers there are. Each layer
+    reads (B, Hkv, length, Dh) views of the same memory (strided, no copy; :class:`SelfAttnCache`). The price: while
+    rows are reordered at a constant batch size (beam search), the spare doubles the cache's memory; a reorder that
+    changes the batch size keeps no spare. The buffer is made on the first append (its shape, dtype and device come
+    from the keys) and doubles its capacity when a layer outgrows it.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.k: Tensor | None = None  # (capacity, B, Hkv, Dh)
-        self.v: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # reorder targets, same shape as k and v
+    def __init__(self, n_layers: int, capacity: int) -> None:
+        self.n_layers, self.capacity = n_layers, capacity
+        self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
+        self._spare: Tensor | None = None  # reorder target, same shape as data
+        self.filled = 0  # positions written by at least one layer
+
+    def reserve(self, end: int, like: Tensor) -> Tensor:
+        """The buffer, made for keys like ``like`` (B, Hkv, t, Dh) or grown (doubled) to hold ``end`` positions."""
+        data = self.data
+        b, h, _, d = like.shape
+        if data is None:
+            data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
+        elif data.shape[1:] != (b, self.n_layers, 2, h, d) or data.dtype != like.dtype:
+            raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
+                             f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
+        elif end > data.shape[0]:  # grow: double the capacity
+            grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
+            grown[:self.filled] = data[:self.filled]
+            data, self.data, self._spare = grown, grown, None
+        self.filled = max(self.filled, end)
+        return data
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams, in every layer. Copies only the filled
+        positions: one ``index_select`` of rows of the flattened (capacity * B, L * 2 * Hkv * Dh) buffer (a dim-0
+        select, which torch parallelizes and copies row by row)."""
+        data = self.data
+        if data is None:
+            return
+        n, b, b_new = self.filled, data.shape[1], index.shape[0]
+        if self._spare is None or self._spare.shape[1] != b_new:
+            self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
+        new, width = self._spare, math.prod(data.shape[2:])
+        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(index, n, b),
+                           out=new.view(-1, width)[:n * b_new])
+        self.data = new
+        self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
+
+
+class SelfAttnCache:
+    """One layer's keys and values in its stack's :class:`KVStore`; appended at every step, read as strided views.
+
+    Args:
+        store: the stack's store (default: a store of its own, for a single layer).
+        layer: this layer's index in the store.
+    """
+
+    def __init__(self, capacity: int = 0, store: KVStore | None = None, layer: int = 0) -> None:
+        self.store = store if store is not None else KVStore(1, capacity)
+        self.layer = layer
         self.length = 0
+
+    @property
+    def k(self) -> Tensor | None:
+        """This layer's key buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        data = self.store.data
+        return None if data is None else data[:, :, self.layer, 0]
+
+    @property
+    def v(self) -> Tensor | None:
+        """This layer's value buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        data = self.store.data
+        return None if data is None else data[:, :, self.layer, 1]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
-        b, h, t, d = k.shape
-        end = self.length + t
-        if self.k is None:
-            cap = max(self.capacity, end)
-            self.k = k.new_empty(cap, b, h, d)
-            self.v = v.new_empty(cap, b, h, d)
-        elif end > self.k.shape[0]:  # grow: double the capacity
-            cap = max(2 * self.k.shape[0], end)
-            self.k = torch.cat([self.k, self.k.new_empty(cap - self.k.shape[0], b, h, d)])
-            self.v = torch.cat([self.v, self.v.new_empty(cap - self.v.shape[0], b, h, d)])
-            self._spare = None
-        self.k[self.length:end] = k.permute(2, 0, 1, 3)
-        self.v[self.length:end] = v.permute(2, 0, 1, 3)
+        end = self.length + k.shape[2]
+        slot = self.store.reserve(end, k)[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
+        slot[:, :, 0] = k.permute(2, 0, 1, 3)
+        slot[:, :, 1] = v.permute(2, 0, 1, 3)
         self.length = end
-        return self.k[:end].permute(1, 2, 0, 3), self.v[:end].permute(1, 2, 0, 3)
+        return self._views(self.store.data, end)
 
-    def reorder(self, index: Tensor, flat_index: Tensor | None = None) -> None:
-        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams. Copies only the filled positions.
+    def append_step(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) laid out as a fused QKV projection gives
+        them (all key heads, then all value heads); return all cached so far, (B, Hkv, length, Dh) views.
 
-        ``flat_index`` is :func:`time_major_index` of ``index`` for this cache's length and batch size, when the
-        caller already has it (a decoder reorders every layer with the same one).
+        The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in two dispatched ops fewer per view
+        (a decoding step's hot path: :mod:`aiayn.generate.fast_step`), after the first :meth:`append`.
         """
-        if self.k is None:
-            return
-        n, k, v = self.length, self.k, self.v
-        b, b_new = k.shape[1], index.shape[0]
-        if self._spare is None or self._spare[0].shape[1] != b_new:
-            shape = (k.shape[0], b_new, *k.shape[2:])
-            self._spare = (k.new_empty(shape), v.new_empty(shape))
-        new_k, new_v = self._spare
-        if flat_index is None:
-            flat_index = time_major_index(index, n, b)
-        # rows of the (capacity * B, Hkv * Dh) views: one dim-0 index_select, which torch parallelizes and copies
-        # row by row (a dim-1 select of the (n, B, Hkv, Dh) block ran on one thread only)
-        width = k.shape[2] * k.shape[3]
-        for old, new in ((k, new_k), (v, new_v)):
-            torch.index_select(old.view(-1, width)[:n * b], 0, flat_index, out=new.view(-1, width)[:n * b_new])
-        self.k, self.v = new_k, new_v
-        # the old buffers become the next spare if the batch size did not change
-        self._spare = (k, v) if b == b_new else None
+        data, end = self.store.data, self.length + 1
+        if data is None:
+            raise RuntimeError("append_step needs a filled store: the first positions go through append()")
+        if end > data.shape[0]:
+            data = self.store.reserve(end, kv.new_empty(kv.shape[0], data.shape[4], 1, data.shape[5]))
+        self.store.filled = max(self.store.filled, end)
+        s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
+        data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
+        self.length = end
+        return self._views(data, end)
+
+    def _views(self, data: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """This layer's keys and values at positions [:n], as (B, Hkv, n, Dh) views of ``data``."""
+        _, b, _, _, h, d = data.shape
+        s_t, s_b, s_l, s_kv, s_h, _ = data.stride()
+        base = data.storage_offset() + self.layer * s_l
+        shape, strides = (b, h, n, d), (s_b, s_h, s_t, 1)
+        return data.as_strided(shape, strides, base), data.as_strided(shape, strides, base + s_kv)
 
 
 def time_major_index(index: Tensor, length: int, batch: int) -> Tensor:
@@ -114,7 +168,8 @@ class DecoderCache:
     """
 
     def __init__(self, n_layers: int, capacity: int, cross: bool = False) -> None:
-        self.self_attn = [SelfAttnCache(capacity) for _ in range(n_layers)]
+        self.store = KVStore(n_layers, capacity)
+        self.self_attn = [SelfAttnCache(store=self.store, layer=i) for i in range(n_layers)]
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
         self.key_pos: Tensor | None = None
@@ -147,10 +202,7 @@ class DecoderCache:
         shared by ``group`` consecutive decoder rows (see :class:`CrossAttnCache`); None leaves the cross caches
         alone (rows reordered among those sharing one source sentence, whose projected memory is identical).
         """
-        filled = [c for c in self.self_attn if c.k is not None]
-        flat = time_major_index(index, filled[0].length, filled[0].k.shape[1]) if filled else None
-        for c in filled:
-            c.reorder(index, flat)
+        self.store.reorder(index)
         if memory_index is not None:
             for c in self.cross_attn:
                 c.reorder(memory_index, group)
