@@ -147,3 +147,13 @@ def test_t5_buckets() -> None:
     assert int(t5_relative_bucket(torch.tensor([-1000]), False, 8, 16)) == 7
     bias = T5RelativeBias(4, 8, 8)(torch.arange(3)[None], torch.arange(5)[None])
     assert bias.shape == (1, 4, 3, 5)
+
+
+@pytest.mark.parametrize("cls", [SinusoidalPositions, LearnedPositions])
+def test_span_equals_the_gather_of_those_positions_and_checks_max_len(cls: type) -> None:
+    """A decoding step's default positions come as a slice of the table: the same values as forward()."""
+    pos = cls(8, max_len=10)
+    for start, t in ((0, 10), (3, 1), (9, 1)):
+        assert torch.equal(pos.span(start, t), pos(torch.arange(start, start + t)[None]))
+    with pytest.raises(AiaynError, match="position 10 is beyond max_len=10"):
+        pos.span(10, 1)

@@ -66,7 +66,8 @@ def beam_search(
     fin_logprob = torch.zeros(B, K, device=device)
     fin_len = torch.zeros(B, K, dtype=torch.long, device=device)
     fin_tokens = torch.full((B, K, L), pad_id, dtype=torch.long, device=device)
-    rank = torch.arange(2 * K, device=device)
+    in_top_k = torch.arange(2 * K, device=device) < K  # (2K,) the K best of a step's 2K candidates
+    row_base, row_base_for = None, (0, 0)  # (Ba, 1) first cache row of each sentence, for (Ba, k)
     limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
     ids = list(banned_ids)
     banned = torch.tensor(ids, dtype=torch.long, device=device) if ids else None  # (nb,), made once
@@ -83,16 +84,18 @@ def beam_search(
         c = row_lp.shape[1]
         # the 2K best extensions of each sentence are among the 2K best of each of its beams
         cand = (alive_cum[:, :, None] + row_lp.view(ba, k, c)).view(ba, k * c)  # (Ba, k*c)
-        if k * c < 2 * K:  # tiny vocabularies: pad with impossible candidates
+        padded = k * c < 2 * K
+        if padded:  # tiny vocabularies: pad with impossible candidates
             cand = torch.cat([cand, cand.new_full((ba, 2 * K - k * c), float("-inf"))], dim=1)
         top_cum, top_idx = cand.topk(2 * K, dim=1)  # (Ba, 2K), best first
-        top_idx = top_idx.clamp(max=k * c - 1)  # padding candidates point at a real one; they stay -inf
+        if padded:
+            top_idx = top_idx.clamp(max=k * c - 1)  # padding candidates point at a real one; they stay -inf
         top_beam = top_idx // c
         top_tok = row_tok.view(ba, k * c).gather(1, top_idx)
         is_eos = top_tok == eos_id
 
         # ---- finished: EOS candidates among this step's K best join the pool of the K best hypotheses
-        new_fin = is_eos & (rank < K) & top_cum.isfinite()  # (Ba, 2K)
+        new_fin = is_eos & in_top_k & top_cum.isfinite()  # (Ba, 2K)
         new_score = torch.where(new_fin, top_cum / length_penalty(t + 1, alpha), float("-inf"))
         new_tokens = alive_tokens.gather(1, top_beam[:, :, None].expand(ba, 2 * K, L))  # (Ba, 2K, L)
         pool_score, pick = torch.cat([fin_score, new_score], 1).topk(K, dim=1)  # (Ba, K)
@@ -106,12 +109,17 @@ def beam_search(
         beam, tok = top_beam.gather(1, pos), top_tok.gather(1, pos)  # (Ba, K)
         alive_tokens = alive_tokens.gather(1, beam[:, :, None].expand(ba, K, L))
         alive_tokens[:, :, t] = tok
-        index = (torch.arange(ba, device=device)[:, None] * k + beam).view(-1)  # (Ba*K,) rows to keep
+        if row_base_for != (ba, k):
+            row_base, row_base_for = torch.arange(ba, device=device)[:, None] * k, (ba, k)
+        index = (row_base + beam).view(-1)  # (Ba*K,) rows to keep
 
-        # ---- which sentences are done
+        # ---- which sentences are done: the best alive beam cannot beat the worst of a full pool (a pool that is
+        # not full has worst -inf, so only a sentence with no alive beam, best -inf, is done then), or the length
+        # limit is reached (only at a limit step: sentences past theirs have left the batch)
         best_alive = alive_cum[:, 0] / length_penalty(t + 1, alpha)
-        full = fin_score[:, -1].isfinite()
-        done = (max_steps <= t) | ~best_alive.isfinite() | (full & (best_alive <= fin_score[:, -1]))
+        done = best_alive <= fin_score[:, -1]
+        if t in limit_steps:
+            done |= max_steps <= t
         n_done = int(done.sum())  # the one host sync per step
         if n_done:
             _collect(results, done, sent, fin_score, fin_logprob, fin_len, fin_tokens, n_best, alpha)

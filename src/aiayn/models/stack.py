@@ -155,7 +155,8 @@ class TransformerStack(nn.Module):
 
         x = self.embed(ids) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:
-            pe = self.abs_pos(positions, max_position)
+            # default positions (known on the host): a slice of the table; given ones: a gather
+            pe = self.abs_pos.span(start, t) if max_position is not None else self.abs_pos(positions)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
         # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None

@@ -16,11 +16,11 @@ from torch import Tensor, nn
 from aiayn.errors import AiaynError
 
 
-def _check_len(positions: Tensor, max_len: int, what: str, max_position: int | None = None) -> None:
+def _check_len(positions: Tensor | None, max_len: int, what: str, max_position: int | None = None) -> None:
     """Raise a clear error for positions >= max_len. ``max_position``, when the caller knows it on the host,
     replaces reading ``positions.max()`` back from the device (a host sync at every decoding step)."""
     if max_position is None:
-        if not positions.numel():
+        if positions is None or not positions.numel():
             return
         max_position = int(positions.max())
     if max_position >= max_len:
@@ -55,6 +55,12 @@ class SinusoidalPositions(nn.Module):
         _check_len(positions, self.max_len, "sinusoidal", max_position)
         return self.table[positions]
 
+    def span(self, start: int, t: int) -> Tensor:
+        """The encodings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (the same
+        values as ``forward`` of those positions, without a gather: a decoding step's default positions)."""
+        _check_len(None, self.max_len, "sinusoidal", start + t - 1)
+        return self.table[start:start + t][None]
+
 
 class LearnedPositions(nn.Module):
     """Learned absolute position embeddings (GPT-2, BERT)."""
@@ -68,6 +74,12 @@ class LearnedPositions(nn.Module):
         """positions (B|1, T) long -> (B|1, T, D); ``max_position``: their maximum, if known on the host."""
         _check_len(positions, self.max_len, "learned", max_position)
         return self.weight(positions)
+
+    def span(self, start: int, t: int) -> Tensor:
+        """The embeddings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (as
+        :meth:`SinusoidalPositions.span`)."""
+        _check_len(None, self.max_len, "learned", start + t - 1)
+        return self.weight.weight[start:start + t][None]
 
 
 # ---------------------------------------------------------------------------------------------- RoPE
