@@ -83,20 +83,3 @@ def test_keys_that_do_not_fit_the_store_are_refused() -> None:
     cache.self_attn[0].append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
     with pytest.raises(ValueError, match="batch 3, 2 heads of width 4"):
         cache.self_attn[1].append(torch.randn(3, 1, 1, 8), torch.randn(3, 1, 1, 8))
-
-
-def test_key_mask_is_made_at_the_first_padding_and_position_ids_only_when_asked() -> None:
-    cache = DecoderCache(n_layers=1, capacity=4)
-    assert cache.extend(2, 3) == (None, None) and cache.length == 3  # no padding, no position bias: nothing kept
-    flags = torch.tensor([[True], [False]])
-    mask, pos = cache.extend(2, 1, is_token=flags, padded=True)
-    assert pos is None and cache.padded and mask.tolist() == [[True] * 4, [True] * 3 + [False]]
-    mask, _ = cache.extend(2, 1)  # later positions without flags are real
-    cache.reorder(torch.tensor([1, 1]))
-    assert cache.key_mask.tolist() == [[True, True, True, False, True]] * 2 and cache.length == 5
-    with pytest.raises(RuntimeError, match="first positions"):
-        cache.extend(2, 1, positions=torch.zeros(2, 1, dtype=torch.long))
-    biased = DecoderCache(n_layers=1, capacity=4)
-    biased.extend(2, 2, positions=torch.arange(2).expand(2, 2))
-    _, pos = biased.extend(2, 1, positions=torch.full((2, 1), 2))
-    assert pos.tolist() == [[0, 1, 2]] * 2 and biased.key_mask is None

@@ -124,19 +124,18 @@ class TransformerStack(nn.Module):
         start = cache.length if cache is not None else 0
         max_position = None  # known on the host only for the default positions
         if positions is None:
+            positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
             max_position = start + t - 1
-            if self.rotary is not None or self.pos_bias is not None:  # the only users of default position ids
-                positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
         if is_token is None and not self.causal:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
         padded = is_token is not None and not bool(is_token.all())  # no host sync when is_token is None
         if cache is not None:
-            # position ids are kept only for a position bias; padding flags only from the first padded position on
-            key_is_token, key_pos = cache.extend(
-                b, t, is_token, positions.expand(b, t) if self.pos_bias is not None else None, padded)
+            new_is_token = is_token if is_token is not None else torch.ones(b, t, dtype=torch.bool,
+                                                                              device=ids.device)
+            key_is_token, key_pos = cache.extend(new_is_token, positions.expand(b, t), padded)
             padded = cache.padded
-        s = start + t
+        s = key_pos.shape[1]
 
         # ---- self-attention mask: causal / window / padding / extra, as one bool mask or the causal fast path
         mask = attn_mask

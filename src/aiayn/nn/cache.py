@@ -160,10 +160,8 @@ class DecoderCache:
     Attributes:
         self_attn: one :class:`SelfAttnCache` per layer.
         cross_attn: one :class:`CrossAttnCache` per layer (empty list for decoder-only models).
-        key_mask: (B, length) bool, True at real (non-padding) cached positions; None while no cached position
-            is padding (kept only from the first padded one on: every earlier position was real).
-        key_pos: (B, length) long, position id of each cached position, kept only where the stack asks for it
-            (ALiBi/T5 biases need it; other stacks' decoding steps skip its upkeep); else None.
+        key_mask: (B, length) bool, True at real (non-padding) cached positions.
+        key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases).
         padded: whether any cached position is padding (so a key mask is needed).
         memory_mask: the cross-attention padding mask (Bm, 1, 1, S) of the memory rows, or None; valid while
             ``memory_mask_ready``.
@@ -176,39 +174,25 @@ class DecoderCache:
         self.key_mask: Tensor | None = None
         self.key_pos: Tensor | None = None
         self.padded = False
-        self._length = 0
         self.memory_mask: Tensor | None = None
         self.memory_mask_ready = False
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
-        return self._length
+        return 0 if self.key_pos is None else self.key_pos.shape[1]
 
-    def extend(self, b: int, t: int, is_token: Tensor | None = None, positions: Tensor | None = None,
-               padded: bool = False) -> tuple[Tensor | None, Tensor | None]:
-        """Record t new positions of b rows; return the full (B, length) key mask and position ids (see the
-        attributes: None where not kept).
+    def extend(self, is_token: Tensor, positions: Tensor, padded: bool = False) -> tuple[Tensor, Tensor]:
+        """Record the new positions' padding flags and ids, both (B, t); return the full (B, length) ones.
 
-        Args:
-            b, t: rows and new positions.
-            is_token: (B, t) bool padding flags of the new positions, or None (all real).
-            positions: (B, t) long position ids, or None where the stack needs none kept (no position bias); a
-                stack must decide this at its first call and keep to it.
-            padded: whether any of the new positions is padding (the caller knows without a host sync).
+        ``padded`` says whether any of the new positions is padding (the caller knows without a host sync).
         """
-        length, self._length = self._length, self._length + t
-        if padded or self.key_mask is not None:
-            # no flags given means all real; that happens here only after earlier padding, so key_mask exists
-            new = is_token if is_token is not None else self.key_mask.new_ones(b, t)
-            if self.key_mask is None and length:  # the first padded positions: every earlier one was real
-                self.key_mask = new.new_ones(b, length)
-            self.key_mask = new if self.key_mask is None else torch.cat([self.key_mask, new], dim=1)
-            self.padded = True
-        if positions is not None:
-            if self.key_pos is None and length:
-                raise RuntimeError("position ids must be kept from a cache's first positions on")
-            self.key_pos = positions if self.key_pos is None else torch.cat([self.key_pos, positions], dim=1)
+        self.padded = self.padded or padded
+        if self.key_pos is None:
+            self.key_mask, self.key_pos = is_token, positions
+        else:
+            self.key_mask = torch.cat([self.key_mask, is_token], dim=1)
+            self.key_pos = torch.cat([self.key_pos, positions], dim=1)
         return self.key_mask, self.key_pos
 
     def reorder(self, index: Tensor, memory_index: Tensor | None = None, group: int = 1) -> None:
@@ -223,7 +207,6 @@ class DecoderCache:
             for c in self.cross_attn:
                 c.reorder(memory_index, group)
             self.memory_mask_ready = False  # the rows' sources changed: recompute from the new padding flags
-        if self.key_mask is not None:
-            self.key_mask = self.key_mask.index_select(0, index)
         if self.key_pos is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)
