@@ -33,16 +33,23 @@ class KVStore:
         self._spare: Tensor | None = None  # reorder target, same shape as data
         self.filled = 0  # positions written by at least one layer
 
-    def reserve(self, end: int, like: Tensor) -> Tensor:
-        """The buffer, made for keys like ``like`` (B, Hkv, t, Dh) or grown (doubled) to hold ``end`` positions."""
+    def claim(self, end: int, like: Tensor | None = None) -> Tensor:
+        """The buffer, holding positions up to ``end`` (its capacity doubled if needed), which count as filled.
+
+        ``like``: the keys (B, Hkv, t, Dh) about to be written; they make the buffer on first use and must fit it.
+        Without them the buffer must already exist (a decoding step's one-position write).
+        """
         data = self.data
-        b, h, _, d = like.shape
         if data is None:
+            if like is None:
+                raise RuntimeError("the cache is empty: its first positions go through SelfAttnCache.append()")
+            b, h, _, d = like.shape
             data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
-        elif data.shape[1:] != (b, self.n_layers, 2, h, d) or data.dtype != like.dtype:
+        elif like is not None and (data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])
+                                   or data.dtype != like.dtype):
             raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
                              f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
-        elif end > data.shape[0]:  # grow: double the capacity
+        if end > data.shape[0]:  # grow: double the capacity
             grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
             grown[:self.filled] = data[:self.filled]
             data, self.data, self._spare = grown, grown, None
@@ -70,13 +77,12 @@ class SelfAttnCache:
     """One layer's keys and values in its stack's :class:`KVStore`; appended at every step, read as strided views.
 
     Args:
-        store: the stack's store (default: a store of its own, for a single layer).
+        store: the stack's store (:class:`DecoderCache` makes one for all its layers).
         layer: this layer's index in the store.
     """
 
-    def __init__(self, capacity: int = 0, store: KVStore | None = None, layer: int = 0) -> None:
-        self.store = store if store is not None else KVStore(1, capacity)
-        self.layer = layer
+    def __init__(self, store: KVStore, layer: int) -> None:
+        self.store, self.layer = store, layer
         self.length = 0
 
     @property
@@ -94,11 +100,12 @@ class SelfAttnCache:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
         end = self.length + k.shape[2]
-        slot = self.store.reserve(end, k)[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
+        data = self.store.claim(end, like=k)
+        slot = data[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
         slot[:, :, 0] = k.permute(2, 0, 1, 3)
         slot[:, :, 1] = v.permute(2, 0, 1, 3)
         self.length = end
-        return self._views(self.store.data, end)
+        return self._views(data, end)
 
     def append_step(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) laid out as a fused QKV projection gives
@@ -107,12 +114,8 @@ class SelfAttnCache:
         The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in two dispatched ops fewer per view
         (a decoding step's hot path: :mod:`aiayn.generate.fast_step`), after the first :meth:`append`.
         """
-        data, end = self.store.data, self.length + 1
-        if data is None:
-            raise RuntimeError("append_step needs a filled store: the first positions go through append()")
-        if end > data.shape[0]:
-            data = self.store.reserve(end, kv.new_empty(kv.shape[0], data.shape[4], 1, data.shape[5]))
-        self.store.filled = max(self.store.filled, end)
+        end = self.length + 1
+        data = self.store.claim(end)
         s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
         data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
         self.length = end
@@ -169,7 +172,7 @@ class DecoderCache:
 
     def __init__(self, n_layers: int, capacity: int, cross: bool = False) -> None:
         self.store = KVStore(n_layers, capacity)
-        self.self_attn = [SelfAttnCache(store=self.store, layer=i) for i in range(n_layers)]
+        self.self_attn = [SelfAttnCache(self.store, i) for i in range(n_layers)]
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
         self.key_pos: Tensor | None = None
