@@ -4,15 +4,20 @@ Each step (for the sentences still active):
 
 1. Candidates: every alive beam extended by every token, scored by its cumulative log-probability. The 2K
    best are kept (enough for K alive beams however many of them end in EOS); they are found among the 2K best
-   tokens of each beam, so no (N, V) log-softmax or top-k over K*V candidates is ever materialized.
+   tokens of each beam, so no top-k over K*V candidates is ever materialized.
 2. Finished: a candidate ending in EOS that ranks among the K best of this step becomes a hypothesis, scored
    ``logprob / lp(length)`` with GNMT's length penalty, and joins the sentence's pool of the K best finished
    (fairseq's rule; with K = 1 it makes beam search exactly greedy search).
-3. Alive: the K best candidates not ending in EOS; the KV cache follows them with ``reorder``.
+3. Alive: the K best candidates not ending in EOS; the KV cache follows them with ``reorder``. Each step records
+   only the alive beams' new tokens and parent beams (a backpointer per beam); a hypothesis's tokens are read back
+   through them on the host when its sentence is done, so no token buffer is gathered or copied per step.
 4. A sentence is done when its pool holds K hypotheses and its best alive beam, scored at its current
    length, cannot beat the worst of them (exact when alpha = 0, where extending a beam only lowers its score;
    Hugging Face's default heuristic when alpha > 0), or when it reaches its maximum length (the last step
    allows only EOS). Done sentences leave the batch, so the work shrinks as sentences finish.
+
+One host sync per step tells whether any sentence finished a hypothesis or is done; the pools are updated only
+at steps where one did (most steps of a long output have none).
 """
 
 from __future__ import annotations
@@ -27,6 +32,48 @@ from aiayn.generate.steppers import Stepper
 from aiayn.generate.topk import row_topk
 
 
+class BeamHistory:
+    """Every step's alive beams as backpointers: the token each one took and the beam of the previous step it
+    extends, kept as that step's (rows, K) tensors and read on the host only to spell out a finished hypothesis.
+
+    Rows are the active sentences of their step; when sentences leave the batch after step t, :meth:`renumber`
+    records which old row each remaining row was.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: list[Tensor] = []  # step t -> (rows_t, K) token of each alive beam
+        self._parents: list[Tensor] = []  # step t -> (rows_t, K) its beam at step t - 1
+        self._host: dict[int, tuple[list[list[int]], list[list[int]]]] = {}  # step -> both as lists, once read
+        self._kept: dict[int, list[int]] = {}  # step t -> old row of each row from step t + 1 on
+
+    def record(self, tokens: Tensor, parents: Tensor) -> None:
+        """Append the next step's (rows, K) tokens and parent beams."""
+        self._tokens.append(tokens)
+        self._parents.append(parents)
+
+    def renumber(self, kept: list[int]) -> None:
+        """Rows from the next step on are the current step's rows ``kept`` (in that order)."""
+        self._kept[len(self._tokens) - 1] = kept
+
+    def tokens(self, row: int, beam: int, length: int) -> list[int]:
+        """The ``length`` tokens that lead to ``beam`` of step ``length - 1``, for the sentence in ``row`` of the
+        last recorded step (empty for length 0)."""
+        out = [0] * length
+        numbering = len(self._tokens) - 1  # the step whose row numbers `row` is in
+        for t in range(length - 1, -1, -1):
+            while numbering > t:  # back to step t's row numbers
+                numbering -= 1
+                kept = self._kept.get(numbering)
+                if kept is not None:
+                    row = kept[row]
+            host = self._host.get(t)
+            if host is None:
+                host = self._host[t] = (self._tokens[t].tolist(), self._parents[t].tolist())
+            out[t] = host[0][row][beam]
+            beam = host[1][row][beam]
+        return out
+
+
 def beam_search(
     stepper: Stepper,
     max_steps: Tensor,
@@ -36,7 +83,6 @@ def beam_search(
     n_best: int = 1,
     eos_id: int = 2,
     banned_ids: Sequence[int] = (),
-    pad_id: int = 0,
 ) -> list[list[Hypothesis]]:
     """Beam search over a :class:`Stepper` whose ``first()`` returns one row per sentence.
 
@@ -48,7 +94,6 @@ def beam_search(
         n_best: hypotheses to return per sentence (<= K).
         eos_id: end of sentence.
         banned_ids: ids never produced (e.g. PAD, BOS).
-        pad_id: filler in the internal token buffers.
     Returns:
         For each sentence, up to ``n_best`` hypotheses, best first.
     """
@@ -56,17 +101,16 @@ def beam_search(
     logits = stepper.first()  # (B, V)
     B, device = logits.shape[0], logits.device
     max_steps = max_steps.to(device)
-    L = int(max_steps.max()) + 1  # token buffer width (room for the forced-EOS step)
+    L = int(max_steps.max()) + 1  # steps, with room for the forced-EOS step
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    history = BeamHistory()
 
     sent = torch.arange(B, device=device)  # (Ba,) original index of each active sentence
     alive_cum = torch.zeros(B, 1, device=device)  # (Ba, k) cumulative log-prob; k = 1 before the first step
-    alive_tokens = torch.full((B, 1, L), pad_id, dtype=torch.long, device=device)  # (Ba, k, L)
-    fin_score = torch.full((B, K), float("-inf"), device=device)  # (Ba, K) best first
+    fin_score = torch.full((B, K), float("-inf"), device=device)  # (Ba, K) the pool, best first
     fin_logprob = torch.zeros(B, K, device=device)
-    fin_len = torch.zeros(B, K, dtype=torch.long, device=device)
-    fin_tokens = torch.full((B, K, L), pad_id, dtype=torch.long, device=device)
-    in_top_k = torch.arange(2 * K, device=device) < K  # (2K,) the K best of a step's 2K candidates
+    fin_len = torch.zeros(B, K, dtype=torch.long, device=device)  # tokens before EOS = the step it ended at
+    fin_beam = torch.zeros(B, K, dtype=torch.long, device=device)  # the beam it extended, of step fin_len - 1
     row_base, row_base_for = None, (0, 0)  # (Ba, 1) first cache row of each sentence, for (Ba, k)
     limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
     ids = list(banned_ids)
@@ -94,43 +138,44 @@ def beam_search(
         top_tok = row_tok.view(ba, k * c).gather(1, top_idx)
         is_eos = top_tok == eos_id
 
-        # ---- finished: EOS candidates among this step's K best join the pool of the K best hypotheses
-        new_fin = is_eos & in_top_k & top_cum.isfinite()  # (Ba, 2K)
-        new_score = torch.where(new_fin, top_cum / length_penalty(t + 1, alpha), float("-inf"))
-        new_tokens = alive_tokens.gather(1, top_beam[:, :, None].expand(ba, 2 * K, L))  # (Ba, 2K, L)
-        pool_score, pick = torch.cat([fin_score, new_score], 1).topk(K, dim=1)  # (Ba, K)
-        fin_score = pool_score
-        fin_logprob = torch.cat([fin_logprob, top_cum], 1).gather(1, pick)
-        fin_len = torch.cat([fin_len, torch.full_like(top_cum, t, dtype=torch.long)], 1).gather(1, pick)
-        fin_tokens = torch.cat([fin_tokens, new_tokens], 1).gather(1, pick[:, :, None].expand(ba, K, L))
-
         # ---- alive: the K best candidates that do not end in EOS
         alive_cum, pos = torch.where(is_eos, float("-inf"), top_cum).topk(K, dim=1)  # (Ba, K)
         beam, tok = top_beam.gather(1, pos), top_tok.gather(1, pos)  # (Ba, K)
-        alive_tokens = alive_tokens.gather(1, beam[:, :, None].expand(ba, K, L))
-        alive_tokens[:, :, t] = tok
+        history.record(tok, beam)
         if row_base_for != (ba, k):
             row_base, row_base_for = torch.arange(ba, device=device)[:, None] * k, (ba, k)
         index = (row_base + beam).view(-1)  # (Ba*K,) rows to keep
 
-        # ---- which sentences are done: the best alive beam cannot beat the worst of a full pool (a pool that is
-        # not full has worst -inf, so only a sentence with no alive beam, best -inf, is done then), or the length
-        # limit is reached (only at a limit step: sentences past theirs have left the batch)
+        # ---- finished: EOS candidates among this step's K best join the pool of the K best hypotheses; a
+        # sentence is done when its best alive beam cannot beat the worst of its pool (a pool that is not full has
+        # worst -inf, so only a sentence with no alive beam, best -inf, is done then) or at its length limit (only
+        # at a limit step: sentences past theirs have left the batch)
+        new_fin = is_eos[:, :K] & (top_cum[:, :K] > float("-inf"))  # (Ba, K)
         best_alive = alive_cum[:, 0] / length_penalty(t + 1, alpha)
         done = best_alive <= fin_score[:, -1]
         if t in limit_steps:
             done |= max_steps <= t
-        n_done = int(done.sum())  # the one host sync per step
+        n_done = 0
+        if int((done | new_fin.any(1)).sum()):  # the one host sync of most steps
+            new_score = torch.where(new_fin, top_cum[:, :K] / length_penalty(t + 1, alpha), float("-inf"))
+            fin_score, pick = torch.cat([fin_score, new_score], 1).topk(K, dim=1)  # (Ba, K)
+            fin_logprob = torch.cat([fin_logprob, top_cum[:, :K]], 1).gather(1, pick)
+            fin_len = torch.cat([fin_len, torch.full_like(fin_len, t)], 1).gather(1, pick)
+            fin_beam = torch.cat([fin_beam, top_beam[:, :K]], 1).gather(1, pick)
+            done = best_alive <= fin_score[:, -1]
+            if t in limit_steps:
+                done |= max_steps <= t
+            n_done = int(done.sum())
         if n_done:
-            _collect(results, done, sent, fin_score, fin_logprob, fin_len, fin_tokens, n_best, alpha)
+            _collect(results, history, done, sent, fin_score, fin_logprob, fin_len, fin_beam, n_best, alpha)
             if n_done == ba:
                 break
             keep = (~done).nonzero().squeeze(1)  # (Ba',)
+            history.renumber(keep.tolist())
             index = index.view(ba, K).index_select(0, keep).view(-1)
-            sent, max_steps, alive_cum, alive_tokens, tok = (
-                x.index_select(0, keep) for x in (sent, max_steps, alive_cum, alive_tokens, tok))
-            fin_score, fin_logprob, fin_len, fin_tokens = (
-                x.index_select(0, keep) for x in (fin_score, fin_logprob, fin_len, fin_tokens))
+            sent, max_steps, alive_cum, tok = (x.index_select(0, keep) for x in (sent, max_steps, alive_cum, tok))
+            fin_score, fin_logprob, fin_len, fin_beam = (
+                x.index_select(0, keep) for x in (fin_score, fin_logprob, fin_len, fin_beam))
         # rows stay with their sentence unless beams were just expanded (k = 1 -> K) or sentences left;
         # either way each sentence's K rows are consecutive
         stepper.reorder(index, same_sources=k == K and not n_done, group=K)
@@ -158,15 +203,16 @@ def _row_top(logits: Tensor, n: int, banned: Tensor | None) -> tuple[Tensor, Ten
     return top_lp, top_tok, log_probs
 
 
-def _collect(results: list[list[Hypothesis]], done: Tensor, sent: Tensor, fin_score: Tensor,
-             fin_logprob: Tensor, fin_len: Tensor, fin_tokens: Tensor, n_best: int, alpha: float) -> None:
-    """Move the best ``n_best`` finished hypotheses of the ``done`` (Ba,) sentences into ``results``."""
+def _collect(results: list[list[Hypothesis]], history: BeamHistory, done: Tensor, sent: Tensor, fin_score: Tensor,
+             fin_logprob: Tensor, fin_len: Tensor, fin_beam: Tensor, n_best: int, alpha: float) -> None:
+    """Move the best ``n_best`` finished hypotheses of the ``done`` (Ba,) sentences into ``results``, their tokens
+    read back through ``history``."""
     rows = done.nonzero().squeeze(1)
     ok = fin_score[rows, :n_best].isfinite().tolist()
     lps = fin_logprob[rows, :n_best].tolist()
     lens = fin_len[rows, :n_best].tolist()
-    toks = fin_tokens[rows, :n_best].tolist()
-    for i, s in enumerate(sent[rows].tolist()):
-        results[s] = [Hypothesis(tokens=toks[i][j][:lens[i][j]], logprob=lps[i][j],
+    beams = fin_beam[rows, :n_best].tolist()
+    for i, (row, s) in enumerate(zip(rows.tolist(), sent[rows].tolist())):
+        results[s] = [Hypothesis(tokens=history.tokens(row, beams[i][j], lens[i][j]), logprob=lps[i][j],
                                  score=lps[i][j] / length_penalty(lens[i][j] + 1, alpha))
                       for j in range(len(ok[i])) if ok[i][j]]

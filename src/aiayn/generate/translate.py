@@ -110,7 +110,7 @@ def translate(
     budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
     with _decoding(models, src, budget, bos_id, pad_id) as stepper:
         return beam_search(stepper, budget, beam_size=beam_size, alpha=alpha, n_best=n_best, eos_id=eos_id,
-                           banned_ids=sorted({pad_id, bos_id}), pad_id=pad_id)
+                           banned_ids=sorted({pad_id, bos_id}))
 
 
 def greedy_translate(
