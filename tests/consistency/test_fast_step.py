@@ -120,3 +120,19 @@ def test_a_hook_on_a_decoder_layer_still_fires_in_translate() -> None:
     translate(model, torch.randint(3, 61, (2, 5)), beam_size=2, max_len_a=0.0, max_len_b=3)
     assert len(calls) >= 3 and set(calls) == {1}  # the first step and every later one
 
+
+
+def test_first_step_projects_the_memory_and_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step fills the cross-attention caches without a module pass over the decoder."""
+    model = _model("encoder-decoder")
+    src = torch.randint(3, 61, (2, 7))
+    monkeypatch.setenv(ENV_VAR, "1")
+    with eval_mode(model):
+        want = [c.project_memory(model.encode(src)[0]) for c in (lay.cross_attn for lay in model.decoder.layers)]
+        stepper = Seq2SeqStepper(model, src, capacity=8)
+        monkeypatch.setattr(model, "decode", lambda *a, **k: pytest.fail("the first step went through the modules"))
+        assert stepper.first().shape == (2, 61)
+    assert stepper.memory is None
+    for (k, v), cache in zip(want, stepper.cache.cross_attn):
+        torch.testing.assert_close(cache.k, k, atol=0, rtol=0)
+        torch.testing.assert_close(cache.v, v, atol=0, rtol=0)

@@ -155,10 +155,10 @@ class FastDecoderStep:
         return cls(stack)
 
     def ready(self, cache: DecoderCache) -> bool:
-        """Whether the next step may take this path: still in the block it was built in, and the cache holds
-        earlier positions (the step that put them there also projected the memory into the cross-attention
-        caches)."""
-        return frozen_block() == self.block and cache.length > 0
+        """Whether the next step may take this path: still in the block it was built in, and the memory is
+        projected into the cross-attention caches (a cross-attention stack;
+        :meth:`~aiayn.models.stack.TransformerStack.project_memory` or a first step through the modules)."""
+        return frozen_block() == self.block and (not cache.cross_attn or cache.cross_attn[0].k is not None)
 
     def __call__(self, ids: Tensor, cache: DecoderCache, *, positions: Tensor | None = None,
                  memory_is_token: Tensor | None = None) -> Tensor:
@@ -176,15 +176,18 @@ class FastDecoderStep:
             ids, positions=positions, memory_is_token=memory_is_token, cache=cache)
         n = ids.shape[0]
         x = x.view(n, -1)  # (N, D): one position per row
+        # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
+        one_copy = rotary is None and cache.store.data is not None
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)
             q = qkv[:, :lay.q_width].view(n, lay.hq, 1, lay.dh)
-            if rotary is None:  # keys and values straight from the projection into the cache, in one copy
+            if one_copy:
                 k, v = cache.self_attn[i].append_step(qkv[:, lay.q_width:])
             else:
                 k, v = qkv[:, lay.q_width:].view(n, 2, lay.hkv, 1, lay.dh).unbind(1)
-                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+                if rotary is not None:
+                    q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
                 k, v = cache.self_attn[i].append(k, v)
             a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
                                                 scale=lay.self_scale)

@@ -92,6 +92,11 @@ class Seq2SeqStepper:
         """Feed BOS to every sentence: logits (B, V)."""
         b = self.src_is_token.shape[0]
         bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=self.src_is_token.device)
+        if self.fast is not None:  # the memory projected into the cross-attention caches, then a fast step
+            self.model.decoder.project_memory(self.memory, self.cache)
+            self.memory = None
+            if self.fast.ready(self.cache):
+                return self.model.lm_head(self.fast(bos, self.cache, memory_is_token=self.src_is_token))
         logits = self.model.decode(bos, self.memory, self.src_is_token, cache=self.cache).logits
         self.memory = None  # projected into the cross-attention cache; no longer needed
         return logits[:, -1]

@@ -100,6 +100,12 @@ class TransformerStack(nn.Module):
                     weights["cross"].append(w_cross)
         return self.final_norm(x), weights
 
+    def project_memory(self, memory: Tensor, cache: DecoderCache) -> None:
+        """Fill every layer's cross-attention cache with the projected encoder memory (B, S_src, D), as the first
+        step through :meth:`forward` does; a decoding step then needs only the memory's padding flags."""
+        for layer, cross_cache in zip(self.layers, cache.cross_attn):
+            cross_cache.k, cross_cache.v = layer.cross_attn.project_memory(memory)
+
     def prepare(
         self,
         ids: Tensor,

@@ -179,6 +179,11 @@ class MultiHeadAttention(nn.Module):
             return x.view(b, n, 1, self.head_dim)
         return x.view(b, t, n, self.head_dim).transpose(1, 2)  # (B, T, n*Dh) -> (B, n, T, Dh)
 
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of encoder memory (B, S, D): each (B, Hkv, S, Dh), one fused product."""
+        k, v = self.kv_proj(memory).split(self.n_kv_heads * self.head_dim, dim=-1)  # (B, S, Hkv*Dh) each
+        return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+
     def forward(
         self,
         x: Tensor,
@@ -219,8 +224,7 @@ class MultiHeadAttention(nn.Module):
             else:
                 if memory is None:
                     raise ValueError("cross-attention needs `memory` (or a filled CrossAttnCache)")
-                k, v = self.kv_proj(memory).split(hkv * dh, dim=-1)  # (B, S, Hkv*Dh) each
-                k, v = self._heads(k, hkv), self._heads(v, hkv)
+                k, v = self.project_memory(memory)
                 if isinstance(cache, CrossAttnCache):
                     cache.k, cache.v = k, v
         else:
