@@ -259,8 +259,11 @@ def test_frozen_blocks_choose_once_per_shape_and_start_afresh(backend: str, monk
                 fast(one)
             assert fast(many, activation="relu").min() >= 0
             assert choices == [(1, 64), (160, 64), (160, 64)]  # (the last: another activation)
-            assert fast._plans is not None and len(fast._plans[1]) == 3
+            assert fast._plans is not None and len(fast._plans[2]) == 3
             assert copy.deepcopy(fast)._plans is None
+        with packed.frozen_weights():  # nothing changed: a later block keeps the choices
+            torch.testing.assert_close(fast(many), layer(many), rtol=1e-5, atol=1e-5)
+        assert len(choices) == 3
         layer.weight.mul_(-1.0)  # between blocks: the next block sees it
         fast(one)  # and so does every call outside a block
         assert len(choices) == 4
@@ -293,3 +296,45 @@ def test_a_frozen_block_holds_only_in_its_own_thread() -> None:
         thread.start()
         thread.join()
     assert seen == {"block": 0, "grad": True} and packed.frozen_block() == 0
+
+
+def test_kept_choices_follow_every_change_between_blocks(monkeypatch) -> None:
+    """A later block keeps a layer's choices only while its weight and bias, autocast, the backend and the thread
+    count are as they were; any change between blocks gives fresh choices and the right values, and with autograd
+    on the choices last one block only."""
+    from aiayn.nn import packed
+
+    layer = nn.Linear(64, 256)
+    fast = PackedLinear.from_linear(layer)
+    x = torch.randn(160, 64)
+    made = []
+    real_plan = PackedLinear.plan
+    monkeypatch.setattr(PackedLinear, "plan", lambda self, x, a: made.append(1) or real_plan(self, x, a))
+
+    def block() -> None:
+        with packed.frozen_weights(), torch.inference_mode():
+            torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+
+    threads = torch.get_num_threads()
+    changes = [lambda: None,  # nothing: kept
+               lambda: layer.weight.detach().add_(1.0),  # in place: a new version
+               lambda: setattr(layer, "bias", nn.Parameter(torch.randn(256))),  # a new bias
+               lambda: torch.optim.SGD(layer.parameters(), lr=0.1).step(),  # an optimizer step (no gradients)
+               lambda: torch.set_num_threads(1 if threads > 1 else 2)]
+    try:
+        with use_fp32_backend("onednn"):
+            block()
+            for i, change in enumerate(changes):
+                change()
+                fast.bias = layer.bias
+                block()
+                assert len(made) == 1 + i, f"change {i}"
+        with use_fp32_backend("torch"):  # another backend
+            block()
+        assert len(made) == len(changes) + 1
+    finally:
+        torch.set_num_threads(threads)
+    for _ in range(2):  # autograd on: every block chooses afresh
+        with packed.frozen_weights():
+            fast(x)
+    assert len(made) == len(changes) + 3

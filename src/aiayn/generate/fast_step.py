@@ -69,7 +69,7 @@ class _Product:
     def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
         linear = self.linear
         if isinstance(linear, PackedLinear):
-            return linear.plan(x, activation)
+            return linear.frozen_plan(x, activation)
         if activation is not None:
             raise ValueError("only a PackedLinear fuses an activation into its product")
         if type(linear) is nn.Linear:

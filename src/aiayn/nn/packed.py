@@ -134,7 +134,8 @@ class PackedLinear(nn.Linear):
     _packed_key: tuple[int, int, torch.dtype, int] | None
     _halves: Tensor | None
     _halves_key: tuple[int, int, torch.dtype, int] | None
-    _plans: tuple[int, dict] | None = None  # (frozen_weights block, {(shape, dtype, activation): product})
+    # (frozen_weights block, what the plans depend on (see _plan_stamp), {(shape, dtype, activation): product})
+    _plans: tuple[int, tuple | None, dict] | None = None
     _COPIES = ("packed", "halves")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
@@ -185,19 +186,40 @@ class PackedLinear(nn.Linear):
         on the packed path oneDNN applies it in the same call, which saves an elementwise pass and its fixed cost
         (a feed-forward layer's first product at inference); elsewhere it is applied afterwards.
 
-        Inside :func:`frozen_weights` the choice is made once per input shape and dtype and kept for the block.
+        Inside :func:`frozen_weights` the choice is made once per input shape and dtype and kept for the block, and
+        for later blocks while nothing it depends on changed (:meth:`frozen_plan`).
         """
-        epoch = _frozen.epoch
-        if epoch:
-            plans = self._plans
-            if plans is None or plans[0] != epoch:
-                plans = self._plans = (epoch, {})
-            key = (x.shape, x.dtype, activation)
-            plan = plans[1].get(key)
-            if plan is None:
-                plan = plans[1][key] = self.plan(x, activation)
-            return plan(x)
+        if _frozen.epoch:
+            return self.frozen_plan(x, activation)(x)
         return self.plan(x, activation)(x)
+
+    def frozen_plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
+        """:meth:`plan` for inputs of ``x``'s shape and dtype, chosen once per :func:`frozen_weights` block (call it
+        inside one), and kept for later blocks while nothing it depends on changed (:meth:`_plan_stamp`): a
+        ``translate`` or ``generate`` call then chooses no product again, which cost about 0.5 ms per batch-1
+        beam decode of the Multi30k size (docs/BENCHMARKS.md)."""
+        epoch, plans = _frozen.epoch, self._plans
+        if plans is None or plans[0] != epoch:  # a new block: keep the choices if nothing changed since
+            stamp = self._plan_stamp()
+            kept = plans is not None and stamp is not None and plans[1] == stamp
+            plans = self._plans = (epoch, stamp, plans[2] if kept else {})
+        key = (x.shape, x.dtype, activation)
+        plan = plans[2].get(key)
+        if plan is None:
+            plan = plans[2][key] = self.plan(x, activation)
+        return plan
+
+    def _plan_stamp(self) -> tuple | None:
+        """Everything :meth:`plan`'s choices and the copies they hold depend on besides the input's shape and
+        dtype: the weight's state (:func:`weight_state`: storage, version, dtype, optimizer steps) and device, the
+        bias's storage, autocast, the fp32 backend and the thread count. None where plans must not outlive their
+        block: with autograd on (an input's ``requires_grad`` then matters too) or an inference-tensor weight (no
+        version counter tells an in-place change)."""
+        w, b = self.weight, self.bias
+        if torch.is_grad_enabled() or w.is_inference() or (b is not None and b.is_inference()):
+            return None
+        return (weight_state(w), w.device, None if b is None else (b.data_ptr(), b._version, b.dtype),
+                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_backend(), torch.get_num_threads())
 
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
         """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
@@ -243,8 +265,10 @@ def frozen_weights() -> Iterator[None]:
     Every :class:`PackedLinear` then chooses its product once per input shape and dtype and keeps the choice, its
     packed copy and bias for the block, instead of checking them at every call: a decoding step's Python work costs
     several times its warm time, since the weights streamed between layers evict the interpreter's data from the
-    caches (docs/BENCHMARKS.md). Nested blocks share the outermost one's choices; each new outermost block starts
-    afresh, so changes made between blocks are seen. The block holds for the thread that entered it only: another
+    caches (docs/BENCHMARKS.md). Nested blocks share the outermost one's choices; each new outermost block checks
+    once per layer whether anything the choices depend on changed (the weight, its bias, autocast, the backend, the
+    thread count: :meth:`PackedLinear._plan_stamp`) and starts afresh for a layer where it did, so changes made
+    between blocks are seen. The block holds for the thread that entered it only: another
     thread may train or change other models meanwhile.
     """
     outer = _frozen.epoch == 0
