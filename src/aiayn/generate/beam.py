@@ -118,8 +118,9 @@ def beam_search(
 
     for t in range(L):
         ba, k = alive_cum.shape
+        at_limit, lp = t in limit_steps, length_penalty(t + 1, alpha)
         row_lp, row_tok, log_probs = _row_top(logits, 2 * K, banned)  # (Ba*k, c) each, c = min(2K, V); (Ba*k, V)
-        if t in limit_steps:  # only at steps where some sentence reaches its length limit: EOS or nothing
+        if at_limit:  # only at steps where some sentence reaches its length limit: EOS or nothing
             forced = (max_steps == t).repeat_interleave(k)[:, None]  # (Ba*k, 1)
             only_lp = torch.full_like(row_lp, float("-inf"))
             only_lp[:, :1] = log_probs[:, eos_id:eos_id + 1]  # log p(EOS)
@@ -151,20 +152,16 @@ def beam_search(
         # worst -inf, so only a sentence with no alive beam, best -inf, is done then) or at its length limit (only
         # at a limit step: sentences past theirs have left the batch)
         new_fin = is_eos[:, :K] & (top_cum[:, :K] > float("-inf"))  # (Ba, K)
-        best_alive = alive_cum[:, 0] / length_penalty(t + 1, alpha)
-        done = best_alive <= fin_score[:, -1]
-        if t in limit_steps:
-            done |= max_steps <= t
+        best_alive = alive_cum[:, 0] / lp
+        done = _done(best_alive, fin_score, max_steps, t, at_limit)
         n_done = 0
         if int((done | new_fin.any(1)).sum()):  # the one host sync of most steps
-            new_score = torch.where(new_fin, top_cum[:, :K] / length_penalty(t + 1, alpha), float("-inf"))
+            new_score = torch.where(new_fin, top_cum[:, :K] / lp, float("-inf"))
             fin_score, pick = torch.cat([fin_score, new_score], 1).topk(K, dim=1)  # (Ba, K)
             fin_logprob = torch.cat([fin_logprob, top_cum[:, :K]], 1).gather(1, pick)
             fin_len = torch.cat([fin_len, torch.full_like(fin_len, t)], 1).gather(1, pick)
             fin_beam = torch.cat([fin_beam, top_beam[:, :K]], 1).gather(1, pick)
-            done = best_alive <= fin_score[:, -1]
-            if t in limit_steps:
-                done |= max_steps <= t
+            done = _done(best_alive, fin_score, max_steps, t, at_limit)  # against the updated pools
             n_done = int(done.sum())
         if n_done:
             _collect(results, history, done, sent, fin_score, fin_logprob, fin_len, fin_beam, n_best, alpha)
@@ -181,6 +178,13 @@ def beam_search(
         stepper.reorder(index, same_sources=k == K and not n_done, group=K)
         logits = stepper.step(tok.reshape(-1))
     return results
+
+
+def _done(best_alive: Tensor, fin_score: Tensor, max_steps: Tensor, t: int, at_limit: bool) -> Tensor:
+    """(Ba,) bool: sentences whose best alive score (Ba,) cannot beat the worst of their pool (Ba, K), or, at a
+    step where some sentence reaches its limit (``at_limit``), whose limit ``max_steps`` (Ba,) is reached at ``t``."""
+    done = best_alive <= fin_score[:, -1]
+    return done | (max_steps <= t) if at_limit else done
 
 
 def _row_top(logits: Tensor, n: int, banned: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

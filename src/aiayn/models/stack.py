@@ -128,10 +128,9 @@ class TransformerStack(nn.Module):
         b, t = ids.shape
         c = self.config
         start = cache.length if cache is not None else 0
-        max_position = None  # known on the host only for the default positions
-        if positions is None:
+        default_positions = positions is None  # start .. start + t - 1, known on the host
+        if default_positions:
             positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
-            max_position = start + t - 1
         if is_token is None and not self.causal:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
@@ -162,7 +161,7 @@ class TransformerStack(nn.Module):
         x = self.embed(ids) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:
             # default positions (known on the host): a slice of the table; given ones: a gather
-            pe = self.abs_pos.span(start, t) if max_position is not None else self.abs_pos(positions)
+            pe = self.abs_pos.span(start, t) if default_positions else self.abs_pos(positions)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
         # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None

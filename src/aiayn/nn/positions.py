@@ -16,13 +16,8 @@ from torch import Tensor, nn
 from aiayn.errors import AiaynError
 
 
-def _check_len(positions: Tensor | None, max_len: int, what: str, max_position: int | None = None) -> None:
-    """Raise a clear error for positions >= max_len. ``max_position``, when the caller knows it on the host,
-    replaces reading ``positions.max()`` back from the device (a host sync at every decoding step)."""
-    if max_position is None:
-        if positions is None or not positions.numel():
-            return
-        max_position = int(positions.max())
+def _check_len(max_position: int, max_len: int, what: str) -> None:
+    """Raise a clear error for a largest position >= max_len."""
     if max_position >= max_len:
         raise AiaynError(f"position {max_position} is beyond max_len={max_len} of the {what} "
                          "positions; truncate the input or build the model with a larger max_len")
@@ -50,15 +45,17 @@ class SinusoidalPositions(nn.Module):
         self.max_len = max_len
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
-    def forward(self, positions: Tensor, max_position: int | None = None) -> Tensor:
-        """positions (B|1, T) long -> (B|1, T, D); ``max_position``: their maximum, if known on the host."""
-        _check_len(positions, self.max_len, "sinusoidal", max_position)
+    def forward(self, positions: Tensor) -> Tensor:
+        """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
+        positions take :meth:`span` instead."""
+        if positions.numel():
+            _check_len(int(positions.max()), self.max_len, "sinusoidal")
         return self.table[positions]
 
     def span(self, start: int, t: int) -> Tensor:
         """The encodings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (the same
         values as ``forward`` of those positions, without a gather: a decoding step's default positions)."""
-        _check_len(None, self.max_len, "sinusoidal", start + t - 1)
+        _check_len(start + t - 1, self.max_len, "sinusoidal")
         return self.table[start:start + t][None]
 
 
@@ -70,15 +67,17 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.weight = nn.Embedding(max_len, d_model)
 
-    def forward(self, positions: Tensor, max_position: int | None = None) -> Tensor:
-        """positions (B|1, T) long -> (B|1, T, D); ``max_position``: their maximum, if known on the host."""
-        _check_len(positions, self.max_len, "learned", max_position)
+    def forward(self, positions: Tensor) -> Tensor:
+        """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
+        positions take :meth:`span` instead."""
+        if positions.numel():
+            _check_len(int(positions.max()), self.max_len, "learned")
         return self.weight(positions)
 
     def span(self, start: int, t: int) -> Tensor:
         """The embeddings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (as
         :meth:`SinusoidalPositions.span`)."""
-        _check_len(None, self.max_len, "learned", start + t - 1)
+        _check_len(start + t - 1, self.max_len, "learned")
         return self.weight.weight[start:start + t][None]
 
 
