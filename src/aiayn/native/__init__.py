@@ -1,0 +1,227 @@
+"""Native CPU kernels for decoding, compiled on first use from ``kernels.c`` and called through ``ctypes``.
+
+Two decoding jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same
+data again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
+
+- beam search's per-row top-k: ``log_softmax`` writes a whole (N, V) tensor, then a blocked top-k reads it again;
+  :func:`row_top` reads each row twice (max and best entries, then the exp-sum) and writes only (N, n);
+- one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, and can read
+  them through a table of cache rows, so that beam search's reordering need not copy the cache
+  (:class:`~aiayn.nn.cache.KVStore`).
+
+Each kernel has a plain-PyTorch reference here (``*_reference``); tests hold the two equal. The library is built
+with the C compiler ``$CC`` (default ``cc``) with ``-O3 -march=native`` and OpenMP, linked against the OpenMP runtime
+torch loaded (so both share one thread pool), into a cache directory (``$AIAYN_NATIVE_CACHE``, else
+``$XDG_CACHE_HOME/aiayn/native``, else ``~/.cache/aiayn/native``) keyed by the source, the flags, the compiler and
+the CPU, once per machine (about 0.5 s). Without a compiler, on a build failure, or with ``AIAYN_NATIVE=0``,
+:func:`library` is None and callers keep their PyTorch paths: the kernels only ever make decoding faster, never
+different beyond float rounding. Only fp32 CPU tensors come here (:func:`cpu_fp32`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+ENV_VAR = "AIAYN_NATIVE"  # "0": never build or use the native kernels
+SOURCE = Path(__file__).with_name("kernels.c")
+_I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_SIGNATURES = {
+    "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
+    "aiayn_few_query_attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I,
+                                  _I, _I, _I, _I, _I, _I, _F, _I],
+}
+_lib: ctypes.CDLL | None = None
+_tried = False
+build_error: str | None = None  # why the last build failed, for diagnostics
+
+
+def enabled() -> bool:
+    """Whether the native kernels may be used (``AIAYN_NATIVE`` is not "0")."""
+    return os.environ.get(ENV_VAR, "1").strip() != "0"
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (built on first call, then loaded from the cache), or None where they cannot be had."""
+    global _lib, _tried, build_error
+    if not enabled():
+        return None
+    if not _tried:
+        _tried = True
+        try:
+            _lib = _load(_build())
+        except (OSError, subprocess.SubprocessError) as err:
+            build_error, _lib = str(err), None
+    return _lib
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("AIAYN_NATIVE_CACHE"):
+        return Path(os.environ["AIAYN_NATIVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "aiayn" / "native"
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the CPU's model and flags (Linux), else the platform's description."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build() -> Path:
+    """Compile ``kernels.c`` into the cache (once per source, flags, compiler and CPU); return the library's path."""
+    cc = os.environ.get("CC", "cc")
+    torch_lib = Path(torch.__file__).parent / "lib"
+    variants = [["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], []]  # OpenMP if the compiler has it
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    source = SOURCE.read_bytes()
+    errors = []
+    for extra in variants:
+        flags = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC", *extra]
+        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+                                         _cpu_signature().encode(), sys.platform.encode()])).hexdigest()[:16]
+        cache = _cache_dir()
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            cache = Path(tempfile.gettempdir()) / "aiayn-native"
+            cache.mkdir(parents=True, exist_ok=True)
+        target = cache / f"kernels-{key}.so"
+        if target.exists():
+            return target
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode == 0:
+            os.replace(tmp, target)  # atomic: a concurrent build writes the same file
+            return target
+        os.unlink(tmp)
+        errors.append(done.stderr.strip()[-2000:])
+    raise OSError(f"could not compile {SOURCE} with {cc}:\n" + "\n".join(errors))
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib
+
+
+def cpu_fp32(*tensors: Tensor) -> bool:
+    """Whether all ``tensors`` are fp32 CPU tensors outside autograd (what the kernels take)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and not (t.requires_grad and torch.is_grad_enabled())
+               for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------------- row top-n
+
+def row_top_reference(logits: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's n most likely allowed tokens and its log normalizer, in PyTorch.
+
+    Args:
+        logits: (N, V) float.
+        n: 1 <= n <= V.
+        banned: (V,) bool, True at ids never chosen (they still count in the normalizer), or None.
+    Returns:
+        log-probabilities (N, n) and ids (N, n) long, best first; the log-sum-exp of each row (N,).
+    """
+    lse = torch.logsumexp(logits.float(), dim=-1)  # (N,)
+    log_probs = logits.float() - lse[:, None]
+    if banned is not None:
+        log_probs = log_probs.masked_fill(banned, float("-inf"))
+    values, ids = log_probs.topk(n, dim=-1)
+    return values, ids, lse
+
+
+def row_top(logits: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`row_top_reference` by the native kernel (two passes over each row, nothing (N, V) written).
+
+    Call only where :func:`library` is not None and ``logits`` is fp32 on the CPU (:func:`cpu_fp32`).
+    ``banned``: (V,) bool or uint8, contiguous. Equal to the reference up to float rounding (about 1e-6
+    relative in the normalizer); among equal log-probabilities the smaller id comes first.
+    """
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    N, V = logits.shape
+    if not 1 <= n <= V:
+        raise ValueError(f"n={n} must be in [1, {V}]")
+    values = logits.new_empty(N, n)
+    ids = torch.empty(N, n, dtype=torch.long)
+    lse = logits.new_empty(N)
+    mask = 0 if banned is None else banned.data_ptr()
+    library().aiayn_row_top(logits.data_ptr(), N, V, logits.stride(0), mask, n, values.data_ptr(), ids.data_ptr(),
+                            lse.data_ptr(), torch.get_num_threads())
+    return values, ids, lse
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+
+def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                                  rows: Tensor | None = None) -> Tensor:
+    """A decoding step's attention in PyTorch: what :func:`few_query_attention` computes.
+
+    Args:
+        q: (B, H, T, Dh).
+        k, v: (Bc, Hkv, S, Dh) with H a multiple of Hkv; Bc = B without ``rows``.
+        mask: (B, S) bool, True = may attend, or None.
+        scale: the score scale.
+        rows: (S', B) long, S' >= S: block b's position s is in cache row ``rows[s, b]``; None: row b.
+    Returns:
+        (B, H, T, Dh); a query with no allowed key gives zeros.
+    """
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    if rows is not None:  # gather each block's keys and values position by position
+        pos = torch.arange(S)
+        k = k[rows[:S].T, :, pos].permute(0, 2, 1, 3)  # (B, S, Hkv, Dh) -> (B, Hkv, S, Dh)
+        v = v[rows[:S].T, :, pos].permute(0, 2, 1, 3)
+    g = H // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # (B, H, S, Dh)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # no allowed key: zeros
+    return torch.matmul(weights, v)
+
+
+def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                        rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """:func:`few_query_attention_reference` by the native kernel: each key and value read once.
+
+    ``k`` and ``v`` must have the same strides, and every tensor a contiguous last dimension; ``mask`` (B, S) bool
+    (any strides); ``rows`` (S', B) long with a contiguous last dimension. ``out``: (B, H, T, Dh) to write into
+    (any strides, last dimension contiguous), else a new contiguous tensor. Call only where :func:`library` is not
+    None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`).
+    """
+    B, H, T, D = q.shape
+    _, Hkv, S, _ = k.shape
+    if k.stride() != v.stride() or q.stride(-1) != 1 or k.stride(-1) != 1 or H % Hkv:
+        raise ValueError("few_query_attention: keys and values need equal strides, a contiguous last dimension and "
+                         "a head count that divides the query heads")
+    if out is None:
+        out = q.new_empty(B, H, T, D)
+    if mask is None:
+        m_ptr, m_sb, m_ss = 0, 0, 0
+    else:
+        mask = mask.expand(B, S)
+        m_ptr, m_sb, m_ss = mask.data_ptr(), mask.stride(0), mask.stride(1)
+    r_ptr, r_ss = (0, 0) if rows is None else (rows.data_ptr(), rows.stride(0))
+    library().aiayn_few_query_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1),
+        k.stride(2), r_ptr, r_ss, m_ptr, m_sb, m_ss, out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
+        B, H, Hkv, T, S, D, scale, torch.get_num_threads())
+    return out
