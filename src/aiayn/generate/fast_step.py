@@ -30,10 +30,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
+from aiayn import native
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
@@ -144,6 +146,19 @@ class FastDecoderStep:
         self.block = frozen_block()
         self.layers = [_Layer(layer) for layer in stack.layers]
         self.final_norm = _norm(stack.final_norm)
+        self.native = native.library() is not None  # self-attention through aiayn.native where it applies
+
+    def _native_key_mask(self, x: Tensor, mask: Tensor | None, bias: Tensor | None) -> Tensor | None | bool:
+        """The self-attention key mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where
+        the kernel does not serve this step: not built, not fp32 on the CPU, a position bias, or a mask that varies
+        over heads or queries."""
+        if not self.native or bias is not None or not native.cpu_fp32(x):
+            return False
+        if mask is None:
+            return None
+        if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.dtype == torch.bool:
+            return mask[:, 0, 0, :]
+        return False
 
     @classmethod
     def build(cls, stack: TransformerStack) -> FastDecoderStep | None:
@@ -178,19 +193,29 @@ class FastDecoderStep:
         x = x.view(n, -1)  # (N, D): one position per row
         # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
         one_copy = rotary is None and cache.store.data is not None
+        key_mask = self._native_key_mask(x, mask, bias) if one_copy else False
+        if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
+            cache.store.lazy = True
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)
             q = qkv[:, :lay.q_width].view(n, lay.hq, 1, lay.dh)
-            if one_copy:
-                k, v = cache.self_attn[i].append_step(qkv[:, lay.q_width:])
+            if key_mask is not False and lay.self_backend != "reference":
+                sc = cache.self_attn[i]
+                sc.write_step(qkv[:, lay.q_width:])
+                k, v = sc.buffer_views()  # (B_buffer, Hkv, length, Dh)
+                a = native.few_query_attention(q, k, v, key_mask, lay.self_scale or lay.dh ** -0.5,
+                                               rows=cache.store.rows)
             else:
-                k, v = qkv[:, lay.q_width:].view(n, 2, lay.hkv, 1, lay.dh).unbind(1)
-                if rotary is not None:
-                    q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-                k, v = cache.self_attn[i].append(k, v)
-            a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
-                                                scale=lay.self_scale)
+                if one_copy:
+                    k, v = cache.self_attn[i].append_step(qkv[:, lay.q_width:])
+                else:
+                    k, v = qkv[:, lay.q_width:].view(n, 2, lay.hkv, 1, lay.dh).unbind(1)
+                    if rotary is not None:
+                        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+                    k, v = cache.self_attn[i].append(k, v)
+                a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
+                                                    scale=lay.self_scale)
             x = lay.self_res.exit(x, lay.self_out(a.reshape(n, lay.hq * lay.dh)))
             if lay.cross:  # cross-attention: `group` consecutive rows share one memory row
                 cc, g = cache.cross_attn[i], cache.cross_attn[i].group

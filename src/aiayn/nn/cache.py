@@ -25,13 +25,28 @@ class KVStore:
     rows are reordered at a constant batch size (beam search), the spare doubles the cache's memory; a reorder that
     changes the batch size keeps no spare. The buffer is made on the first append (its shape, dtype and device come
     from the keys) and doubles its capacity when a layer outgrows it.
+
+    **Deferred reorders.** With ``lazy`` set (by a decoding step that reads the cache through
+    :func:`aiayn.native.few_query_attention`), :meth:`reorder` copies nothing: it keeps ``rows`` (capacity, B'), the
+    buffer row that holds each batch row's keys at each position, and new positions are written at their own row.
+    Whoever asks for the keys and values as views (:meth:`SelfAttnCache.append` and friends) gets them reordered
+    first (:meth:`settle`: the same one ``index_select``), so every other reader sees an ordinary cache.
     """
 
     def __init__(self, n_layers: int, capacity: int) -> None:
         self.n_layers, self.capacity = n_layers, capacity
-        self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
+        self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh); B >= the batch while reorders are deferred
         self._spare: Tensor | None = None  # reorder target, same shape as data
         self.filled = 0  # positions written by at least one layer
+        self.lazy = False  # defer reorders (see the class docstring)
+        self.rows: Tensor | None = None  # (capacity, batch) long: deferred reorders' buffer rows; None: row j is j
+
+    @property
+    def batch(self) -> int:
+        """The number of batch rows (the buffer may hold more while reorders are deferred)."""
+        if self.rows is not None:
+            return self.rows.shape[1]
+        return 0 if self.data is None else self.data.shape[1]
 
     def claim(self, end: int, like: Tensor | None = None) -> Tensor:
         """The buffer, holding positions up to ``end`` (its capacity doubled if needed), which count as filled.
@@ -45,14 +60,18 @@ class KVStore:
                 raise RuntimeError("the cache is empty: its first positions go through SelfAttnCache.append()")
             b, h, _, d = like.shape
             data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
-        elif like is not None and (data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])
-                                   or data.dtype != like.dtype):
+        elif like is not None and (self.rows is not None or data.dtype != like.dtype
+                                   or data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])):
             raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
                              f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
         if end > data.shape[0]:  # grow: double the capacity
             grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
             grown[:self.filled] = data[:self.filled]
             data, self.data, self._spare = grown, grown, None
+            if self.rows is not None:  # new positions of batch row j go to buffer row j
+                rows = self._identity_rows(grown.shape[0], self.rows.shape[1])
+                rows[:self.filled] = self.rows[:self.filled]
+                self.rows = rows
         self.filled = max(self.filled, end)
         return data
 
@@ -63,6 +82,17 @@ class KVStore:
         data = self.data
         if data is None:
             return
+        if self.lazy and index.shape[0] <= data.shape[1]:
+            rows = self._identity_rows(data.shape[0], index.shape[0])  # positions to come: their own row
+            n = self.filled
+            if self.rows is None:
+                rows[:n] = index
+            else:
+                torch.index_select(self.rows[:n], 1, index, out=rows[:n])
+            self.rows = rows
+            return
+        self.settle()
+        data = self.data
         n, b, b_new = self.filled, data.shape[1], index.shape[0]
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
@@ -71,6 +101,24 @@ class KVStore:
                            out=new.view(-1, width)[:n * b_new])
         self.data = new
         self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
+
+    def settle(self) -> None:
+        """Carry out the deferred reorders (one ``index_select`` of the filled positions), if any."""
+        rows, data = self.rows, self.data
+        if rows is None or data is None:
+            return
+        n, b, b_new = self.filled, data.shape[1], rows.shape[1]
+        if self._spare is None or self._spare.shape[1] != b_new:
+            self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
+        new, width = self._spare, math.prod(data.shape[2:])
+        index = (torch.arange(n, device=rows.device)[:, None] * b + rows[:n]).view(-1)  # (n * B',)
+        torch.index_select(data.view(-1, width)[:n * b], 0, index, out=new.view(-1, width)[:n * b_new])
+        self.data, self.rows = new, None
+        self._spare = data if b == b_new else None
+
+    def _identity_rows(self, capacity: int, batch: int) -> Tensor:
+        """(capacity, batch) long, row j at every position."""
+        return torch.arange(batch, device=self.data.device).expand(capacity, batch).clone()
 
 
 class SelfAttnCache:
@@ -88,18 +136,21 @@ class SelfAttnCache:
     @property
     def k(self) -> Tensor | None:
         """This layer's key buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        self.store.settle()
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 0]
 
     @property
     def v(self) -> Tensor | None:
         """This layer's value buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        self.store.settle()
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 1]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
         end = self.length + k.shape[2]
+        self.store.settle()
         data = self.store.claim(end, like=k)
         slot = data[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
         slot[:, :, 0] = k.permute(2, 0, 1, 3)
@@ -114,12 +165,23 @@ class SelfAttnCache:
         The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in two dispatched ops fewer per view
         (a decoding step's hot path: :mod:`aiayn.generate.fast_step`), after the first :meth:`append`.
         """
+        self.write_step(kv)
+        self.store.settle()
+        return self._views(self.store.data, self.length)
+
+    def write_step(self, kv: Tensor) -> None:
+        """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) as in :meth:`append_step`, without reading
+        the cache back (deferred reorders stay deferred: batch row j's new position goes to buffer row j)."""
         end = self.length + 1
         data = self.store.claim(end)
         s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
         data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
         self.length = end
-        return self._views(data, end)
+
+    def buffer_views(self) -> tuple[Tensor, Tensor]:
+        """This layer's keys and values at the filled positions as (B_buffer, Hkv, length, Dh) views of the buffer as
+        it is, deferred reorders not carried out: read them through ``store.rows`` (or directly when it is None)."""
+        return self._views(self.store.data, self.length)
 
     def _views(self, data: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """This layer's keys and values at positions [:n], as (B, Hkv, n, Dh) views of ``data``."""
