@@ -3,7 +3,9 @@
 For each benchmarked encoder-decoder size (``translate_beam.py``'s random models, EOS masked so every run makes
 the same decoder steps) and batch, the same ``translate`` call runs alternately with
 :func:`aiayn.generate.topk.row_topk` and with :func:`~aiayn.generate.topk.row_topk_reference` (torch.topk)
-inside beam search; the outputs must be identical. Also the two functions alone on the
+inside beam search (with ``AIAYN_NATIVE=0``: the native kernel, aiayn.native.row_top, would replace both; its
+effect is measured by toggling that variable in ``ab_revisions``-style runs, docs/BENCHMARKS.md); the outputs must be
+identical. Also the two functions alone on the
 (batch x beam, vocabulary) logits of one step. Median of ``--runs`` (default 5), milliseconds.
 
     .venv/bin/python bench/beam_row_top.py
@@ -13,6 +15,7 @@ inside beam search; the outputs must be identical. Also the two functions alone 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,11 +56,17 @@ def time_case(size: Seq2SeqSize, model: torch.nn.Module, batch: int, runs: int) 
     fns = {"kernel_torch": lambda: row_topk_reference(log_probs, 2 * BEAM),
            "kernel_aiayn": lambda: row_topk(log_probs, 2 * BEAM),
            "decode_torch": decode("torch", row_topk_reference), "decode_aiayn": decode("aiayn", row_topk)}
+    native_setting = os.environ.get("AIAYN_NATIVE")
+    os.environ["AIAYN_NATIVE"] = "0"  # the torch paths, whose top-k this compares
     try:
         with mask:
             times = benchlib.alternate(fns, runs=runs, warmup=1)
     finally:
         beam_module.row_topk = row_topk
+        if native_setting is None:
+            del os.environ["AIAYN_NATIVE"]
+        else:
+            os.environ["AIAYN_NATIVE"] = native_setting
     row: dict[str, Any] = {"size": size.name, "batch": batch, "vocab": size.vocab_size}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
     row["kernel_speedup"] = row["kernel_torch_ms"] / row["kernel_aiayn_ms"]

@@ -60,8 +60,8 @@ class KVStore:
                 raise RuntimeError("the cache is empty: its first positions go through SelfAttnCache.append()")
             b, h, _, d = like.shape
             data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
-        elif like is not None and (self.rows is not None or data.dtype != like.dtype
-                                   or data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])):
+        elif like is not None and (self.rows is not None or data.dtype != like.dtype or data.shape[1:] != (
+                like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])):
             raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
                              f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
         if end > data.shape[0]:  # grow: double the capacity

@@ -1,0 +1,135 @@
+"""The native decoding kernels (aiayn.native) against their PyTorch references, the deferred cache reorders they
+allow against eager ones, and beam search with and without them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from aiayn import ModelConfig, build_model, native
+from aiayn.generate import translate
+from aiayn.nn.cache import KVStore, SelfAttnCache
+
+needs_native = pytest.mark.skipif(native.library() is None, reason=f"native kernels not built: {native.build_error}")
+
+
+def test_builds_where_a_compiler_is_present() -> None:
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler")
+    assert native.library() is not None, native.build_error
+
+
+def test_disabled_by_env_and_failed_build_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("AIAYN_NATIVE", "0")
+    assert native.library() is None
+    monkeypatch.delenv("AIAYN_NATIVE")
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("AIAYN_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    assert native.library() is None
+    assert native.build_error
+
+
+@needs_native
+@pytest.mark.parametrize("n_rows,v,n", [(4, 8000, 8), (33, 5000, 8), (3, 10, 8), (2, 5, 5), (1, 300, 1)])
+def test_row_top_equals_reference(n_rows: int, v: int, n: int) -> None:
+    g = torch.Generator().manual_seed(v + n)
+    x = torch.randn(n_rows, v, generator=g) * 4
+    x[0, :3] = x[0].max() + 1.0  # the best entries banned: they must be skipped, yet count in the normalizer
+    banned = torch.zeros(v, dtype=torch.bool)
+    banned[:3] = True
+    want = native.row_top_reference(x, n, banned)
+    got = native.row_top(x, n, banned)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+    assert torch.equal(got[1][got[0].isfinite()], want[1][want[0].isfinite()])
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
+
+
+@needs_native
+def test_row_top_ties_and_too_few_allowed() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    vals, ids, _ = native.row_top(x, 3)
+    assert ids[0].tolist() == [1, 2, 4]  # equal values: smaller id first
+    banned = torch.tensor([True, True, True, False, False])
+    vals, ids, lse = native.row_top(x, 3, banned)
+    assert ids[1, :2].tolist() == [3, 4] and vals[1, 2] == float("-inf") and ids[1, 2] == 0
+    torch.testing.assert_close(lse, torch.logsumexp(x, -1))
+
+
+@needs_native
+@pytest.mark.parametrize("b,h,hkv,t,s,d", [(4, 4, 4, 1, 7, 64), (9, 8, 2, 1, 21, 32), (5, 4, 4, 4, 20, 64),
+                                          (3, 6, 3, 2, 300, 16)])
+def test_few_query_attention_equals_reference(b: int, h: int, hkv: int, t: int, s: int, d: int) -> None:
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(b, h, t, d, generator=g)
+    k, v = torch.randn(2, b, hkv, s, d, generator=g)
+    mask = torch.rand(b, s, generator=g) > 0.3
+    mask[0] = False  # a row with no allowed key: zeros
+    for m in (None, mask):
+        want = native.few_query_attention_reference(q, k, v, m, 0.3)
+        torch.testing.assert_close(native.few_query_attention(q, k, v, m, 0.3), want, rtol=1e-5, atol=1e-5)
+    assert native.few_query_attention(q, k, v, mask, 0.3)[0].abs().sum() == 0
+    # through a table of cache rows, on time-major strided views as the KV store gives them
+    store = torch.randn(s + 3, b + 2, 2, hkv, d, generator=g)  # (capacity, buffer rows, k/v, Hkv, Dh)
+    ks, vs = store[:s, :, 0].permute(1, 2, 0, 3), store[:s, :, 1].permute(1, 2, 0, 3)  # (B_buffer, Hkv, S, Dh)
+    rows = torch.randint(0, b + 2, (s + 3, b), generator=g)
+    want = native.few_query_attention_reference(q, ks, vs, mask, 0.3, rows=rows)
+    torch.testing.assert_close(native.few_query_attention(q, ks, vs, mask, 0.3, rows=rows), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def _filled(store: KVStore, caches: list[SelfAttnCache]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values as views (settles deferred reorders)."""
+    return [(c.k[:c.length].clone(), c.v[:c.length].clone()) for c in caches]
+
+
+def test_deferred_reorders_equal_eager_ones() -> None:
+    """Writes and reorders (same size, shrinking, growing the capacity), deferred and eager: the same cache."""
+    g = torch.Generator().manual_seed(0)
+    n_layers, b, h, d = 2, 6, 2, 4
+    stores = {lazy: KVStore(n_layers, capacity=3) for lazy in (False, True)}
+    caches = {lazy: [SelfAttnCache(st, i) for i in range(n_layers)] for lazy, st in stores.items()}
+    for lazy, st in stores.items():
+        st.lazy = lazy
+    k0, v0 = torch.randn(2, b, h, 2, d, generator=g)
+    for lazy in stores:
+        for c in caches[lazy]:
+            c.append(k0, v0)
+    batch = b
+    for step in range(6):
+        index = torch.randint(0, batch, (batch if step % 3 else batch - 1,), generator=g)
+        batch = index.shape[0]
+        kv = torch.randn(n_layers, batch, 2 * h * d, generator=g)
+        for lazy in stores:
+            stores[lazy].reorder(index)
+            for i, c in enumerate(caches[lazy]):
+                c.write_step(kv[i])
+        assert stores[True].rows is not None and stores[False].rows is None
+        if step % 2:
+            assert all(torch.equal(x, y) for a, b_ in zip(_filled(stores[False], caches[False]),
+                                                          _filled(stores[True], caches[True]))
+                       for x, y in zip(a, b_))
+            assert stores[True].rows is None  # read as views: settled
+
+
+@pytest.mark.slow
+@needs_native
+def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", vocab_size=50, max_len=64, dropout=0.0)
+    model = build_model(cfg).eval()
+    src = torch.randint(4, 50, (5, 9))
+    src[1, 6:] = 0  # padding
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("AIAYN_NATIVE", flag)
+        out[flag] = translate(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=5, bos_id=1, eos_id=2,
+                              pad_id=0, n_best=2)
+    for a, b in zip(out["0"], out["1"]):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        for x, y in zip(a, b):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
