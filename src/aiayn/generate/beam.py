@@ -219,7 +219,7 @@ class _RowTop:
         Args:
             logits: (N, V), left unchanged.
         """
-        if self.native and logits.dtype == torch.float32:
+        if self.native:
             top_lp, top_tok, lse = native.row_top(logits, self.n, self.banned_mask)
             eos = None if eos_id is None else logits[:, eos_id:eos_id + 1] - lse[:, None]
             return top_lp, top_tok, eos

@@ -116,6 +116,7 @@ class _Layer:
         self.q_width = self.hq * self.dh
         self.qkv, self.self_out = _Product(sa.qkv_proj), _Product(sa.out_proj)
         self.self_scale, self.self_backend = sa.scale, sa.backend
+        self.native_scale = self.dh ** -0.5 if sa.scale is None else sa.scale  # the native kernel needs a number
         self.self_res = _Wiring(layer.self_res)
         self.cross = ca is not None
         if ca is not None:
@@ -204,8 +205,7 @@ class FastDecoderStep:
                 sc = cache.self_attn[i]
                 sc.write_step(qkv[:, lay.q_width:])
                 k, v = sc.buffer_views()  # (B_buffer, Hkv, length, Dh)
-                a = native.few_query_attention(q, k, v, key_mask, lay.self_scale or lay.dh ** -0.5,
-                                               rows=cache.store.rows)
+                a = native.few_query_attention(q, k, v, key_mask, lay.native_scale, rows=cache.store.rows)
             else:
                 if one_copy:
                     k, v = cache.self_attn[i].append_step(qkv[:, lay.q_width:])

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.nn.attention import scaled_dot_product_attention
+
 ENV_VAR = "AIAYN_NATIVE"  # "0": never build or use the native kernels
 SOURCE = Path(__file__).with_name("kernels.c")
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -172,7 +174,8 @@ def row_top(logits: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tenso
 
 def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
                                   rows: Tensor | None = None) -> Tensor:
-    """A decoding step's attention in PyTorch: what :func:`few_query_attention` computes.
+    """A decoding step's attention in PyTorch (the reference backend of the one attention core): what
+    :func:`few_query_attention` computes.
 
     Args:
         q: (B, H, T, Dh).
@@ -183,19 +186,12 @@ def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor 
     Returns:
         (B, H, T, Dh); a query with no allowed key gives zeros.
     """
-    B, H, T, _ = q.shape
-    S = k.shape[2]
     if rows is not None:  # gather each block's keys and values position by position
-        pos = torch.arange(S)
-        k = k[rows[:S].T, :, pos].permute(0, 2, 1, 3)  # (B, S, Hkv, Dh) -> (B, Hkv, S, Dh)
-        v = v[rows[:S].T, :, pos].permute(0, 2, 1, 3)
-    g = H // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # (B, H, S, Dh)
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # no allowed key: zeros
-    return torch.matmul(weights, v)
+        pos = torch.arange(k.shape[2])
+        k = k[rows[:len(pos)].T, :, pos].permute(0, 2, 1, 3)  # (B, S, Hkv, Dh) -> (B, Hkv, S, Dh)
+        v = v[rows[:len(pos)].T, :, pos].permute(0, 2, 1, 3)
+    mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
+    return scaled_dot_product_attention(q, k, v, mask=mask, backend="reference", scale=scale)[0]
 
 
 def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,

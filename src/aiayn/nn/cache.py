@@ -41,13 +41,6 @@ class KVStore:
         self.lazy = False  # defer reorders (see the class docstring)
         self.rows: Tensor | None = None  # (capacity, batch) long: deferred reorders' buffer rows; None: row j is j
 
-    @property
-    def batch(self) -> int:
-        """The number of batch rows (the buffer may hold more while reorders are deferred)."""
-        if self.rows is not None:
-            return self.rows.shape[1]
-        return 0 if self.data is None else self.data.shape[1]
-
     def claim(self, end: int, like: Tensor | None = None) -> Tensor:
         """The buffer, holding positions up to ``end`` (its capacity doubled if needed), which count as filled.
 
@@ -60,65 +53,58 @@ class KVStore:
                 raise RuntimeError("the cache is empty: its first positions go through SelfAttnCache.append()")
             b, h, _, d = like.shape
             data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
-        elif like is not None and (self.rows is not None or data.dtype != like.dtype or data.shape[1:] != (
-                like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])):
+        elif like is not None and (data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])
+                                   or data.dtype != like.dtype):
             raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
                              f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
         if end > data.shape[0]:  # grow: double the capacity
             grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
             grown[:self.filled] = data[:self.filled]
             data, self.data, self._spare = grown, grown, None
-            if self.rows is not None:  # new positions of batch row j go to buffer row j
-                rows = self._identity_rows(grown.shape[0], self.rows.shape[1])
-                rows[:self.filled] = self.rows[:self.filled]
-                self.rows = rows
+            if self.rows is not None:
+                self.rows = self._row_table(grown.shape[0], self.rows[:self.filled])
         self.filled = max(self.filled, end)
         return data
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams, in every layer. Copies only the filled
-        positions: one ``index_select`` of rows of the flattened (capacity * B, L * 2 * Hkv * Dh) buffer (a dim-0
-        select, which torch parallelizes and copies row by row)."""
+        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams, in every layer: deferred (``lazy``, a batch
+        that does not grow) or now, copying only the filled positions (:meth:`_gather`)."""
         data = self.data
         if data is None:
             return
+        n = self.filled
+        rows = index if self.rows is None else self.rows[:n].index_select(1, index)  # (B',) or (n, B')
         if self.lazy and index.shape[0] <= data.shape[1]:
-            rows = self._identity_rows(data.shape[0], index.shape[0])  # positions to come: their own row
-            n = self.filled
-            if self.rows is None:
-                rows[:n] = index
-            else:
-                torch.index_select(self.rows[:n], 1, index, out=rows[:n])
-            self.rows = rows
-            return
-        self.settle()
-        data = self.data
-        n, b, b_new = self.filled, data.shape[1], index.shape[0]
-        if self._spare is None or self._spare.shape[1] != b_new:
-            self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
-        new, width = self._spare, math.prod(data.shape[2:])
-        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(index, n, b),
-                           out=new.view(-1, width)[:n * b_new])
-        self.data = new
-        self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
+            self.rows = self._row_table(data.shape[0], rows.expand(n, -1))
+        else:
+            self._gather(rows)
 
     def settle(self) -> None:
         """Carry out the deferred reorders (one ``index_select`` of the filled positions), if any."""
-        rows, data = self.rows, self.data
-        if rows is None or data is None:
-            return
-        n, b, b_new = self.filled, data.shape[1], rows.shape[1]
+        if self.rows is not None and self.data is not None:
+            self._gather(self.rows[:self.filled])
+
+    def _gather(self, rows: Tensor) -> None:
+        """Make the store hold buffer rows ``rows`` (B',) long, or (filled, B') per position, as its batch rows: one
+        ``index_select`` of rows of the flattened (capacity * B, L * 2 * Hkv * Dh) buffer (a dim-0 select, which
+        torch parallelizes and copies row by row) into the spare buffer, which then becomes the store."""
+        data, n = self.data, self.filled
+        b, b_new = data.shape[1], rows.shape[-1]
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
         new, width = self._spare, math.prod(data.shape[2:])
-        index = (torch.arange(n, device=rows.device)[:, None] * b + rows[:n]).view(-1)  # (n * B',)
-        torch.index_select(data.view(-1, width)[:n * b], 0, index, out=new.view(-1, width)[:n * b_new])
+        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(rows, n, b),
+                           out=new.view(-1, width)[:n * b_new])
         self.data, self.rows = new, None
-        self._spare = data if b == b_new else None
+        self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
 
-    def _identity_rows(self, capacity: int, batch: int) -> Tensor:
-        """(capacity, batch) long, row j at every position."""
-        return torch.arange(batch, device=self.data.device).expand(capacity, batch).clone()
+    def _row_table(self, capacity: int, filled: Tensor) -> Tensor:
+        """A (capacity, B') table of buffer rows: ``filled`` (n, B') long at the filled positions, and row j for batch
+        row j at the positions to come (a new position is written at its own row)."""
+        n, b = filled.shape
+        table = torch.arange(b, device=filled.device).expand(capacity, b).clone()
+        table[:n] = filled
+        return table
 
 
 class SelfAttnCache:
@@ -135,14 +121,14 @@ class SelfAttnCache:
 
     @property
     def k(self) -> Tensor | None:
-        """This layer's key buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        """This layer's key buffer (capacity, B, Hkv, Dh), deferred reorders settled; None before the first append."""
         self.store.settle()
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 0]
 
     @property
     def v(self) -> Tensor | None:
-        """This layer's value buffer (capacity, B, Hkv, Dh), or None before the first append."""
+        """This layer's value buffer (capacity, B, Hkv, Dh), deferred reorders settled; None before the first append."""
         self.store.settle()
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 1]
@@ -193,8 +179,9 @@ class SelfAttnCache:
 
 
 def time_major_index(index: Tensor, length: int, batch: int) -> Tensor:
-    """Rows of a flattened (length, batch) time-major block that keep batch rows ``index`` (B',) long at every
-    position: (length * B',) long, ``t * batch + index[j]`` at ``t * B' + j``."""
+    """Rows of a flattened (length, batch) time-major block that keep batch rows ``index`` at every position:
+    (length * B',) long, ``t * batch + index[j]`` at ``t * B' + j``; ``index`` (B',) long, or (length, B') for a row
+    per position (``index[t, j]``)."""
     return (torch.arange(length, device=index.device)[:, None] * batch + index).view(-1)
 
 
