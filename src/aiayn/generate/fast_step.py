@@ -122,6 +122,7 @@ class _Layer:
         if ca is not None:
             self.cross_q, self.cross_out = _Product(ca.q_proj), _Product(ca.out_proj)
             self.cross_scale, self.cross_backend = ca.scale, ca.backend
+            self.cross_native_scale = self.dh ** -0.5 if ca.scale is None else ca.scale
             self.cross_res = _Wiring(layer.cross_res)
         self.ffn = layer.ffn
         self.w_in, self.w_out = _Product(layer.ffn.w_in), _Product(layer.ffn.w_out)
@@ -147,7 +148,7 @@ class FastDecoderStep:
         self.block = frozen_block()
         self.layers = [_Layer(layer) for layer in stack.layers]
         self.final_norm = _norm(stack.final_norm)
-        self.native = native.library() is not None  # self-attention through aiayn.native where it applies
+        self.native = native.library() is not None  # attention through aiayn.native where it applies
 
     def _native_key_mask(self, x: Tensor, mask: Tensor | None, bias: Tensor | None) -> Tensor | None | bool:
         """The self-attention key mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where
@@ -159,6 +160,17 @@ class FastDecoderStep:
             return None
         if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.dtype == torch.bool:
             return mask[:, 0, 0, :]
+        return False
+
+    def _native_memory_mask(self, x: Tensor, memory_mask: Tensor | None) -> Tensor | None | bool:
+        """The cross-attention key mask as the native kernel takes it, (Bm, S) bool or None (no padding), or False
+        where the kernel does not serve this step: not built, not fp32 on the CPU, or a mask it cannot take."""
+        if not self.native or not native.cpu_fp32(x):
+            return False
+        if memory_mask is None:
+            return None
+        if memory_mask.dim() == 4 and memory_mask.shape[1:3] == (1, 1) and memory_mask.dtype == torch.bool:
+            return memory_mask[:, 0, 0, :]
         return False
 
     @classmethod
@@ -197,6 +209,7 @@ class FastDecoderStep:
         key_mask = self._native_key_mask(x, mask, bias) if one_copy else False
         if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
             cache.store.lazy = True
+        memory_key_mask = self._native_memory_mask(x, memory_mask) if cache.cross_attn else False
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)
@@ -223,8 +236,15 @@ class FastDecoderStep:
                 # but as a strided view (the flash kernel reads it as it is, and writes its result so that the way
                 # back below is a view too)
                 q = lay.cross_q(lay.cross_res.enter(x)).view(n // g, g, lay.hq, lay.dh).transpose(1, 2)
-                a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
-                                                    scale=lay.cross_scale)
-                x = lay.cross_res.exit(x, lay.cross_out(a.transpose(1, 2).reshape(n, lay.hq * lay.dh)))
+                if memory_key_mask is not False and lay.cross_backend != "reference" and cc.k.stride() == cc.v.stride():
+                    a = x.new_empty(n // g, g, lay.hq, lay.dh)  # written through its (N/g, Hq, g, Dh) view
+                    native.few_query_attention(q, cc.k, cc.v, memory_key_mask, lay.cross_native_scale,
+                                               out=a.transpose(1, 2))
+                    a = a.view(n, lay.hq * lay.dh)
+                else:
+                    a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
+                                                        scale=lay.cross_scale)
+                    a = a.transpose(1, 2).reshape(n, lay.hq * lay.dh)
+                x = lay.cross_res.exit(x, lay.cross_out(a))
             x = lay.ffn_res.exit(x, lay.ffn.through(lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)

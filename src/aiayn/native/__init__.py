@@ -91,7 +91,7 @@ def _build() -> Path:
     source = SOURCE.read_bytes()
     errors = []
     for extra in variants:
-        flags = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC", *extra]
+        flags = ["-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", *extra]
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          _cpu_signature().encode(), sys.platform.encode()])).hexdigest()[:16]
         cache = _cache_dir()

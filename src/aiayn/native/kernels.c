@@ -3,7 +3,7 @@
  * Each kernel has a plain-PyTorch reference next to its Python wrapper, and tests hold the two equal. They exist
  * where PyTorch's own kernels read the same memory several times or cost more in dispatch than in arithmetic:
  *   aiayn_row_top             a row's log-sum-exp and its n best entries in two passes over the row;
- *   aiayn_few_query_attention one decoding step's attention, each key and value read once, optionally through
+ *   aiayn_few_query_attention one decoding step's attention (self- or cross-), vectorized, optionally through
  *                             a table of cache rows (beam search's reordering without copying the cache).
  * Threads: OpenMP, the same runtime as torch's (the library is linked against the libgomp torch loaded).
  */
@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 /* exp(x) for x <= 0 (0 for x < -87.3 and for -inf), to about 2 ulp, in plain arithmetic the compiler vectorizes:
  * exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by a degree-6 polynomial. */
@@ -88,12 +91,49 @@ void aiayn_row_top(const float* x, int64_t N, int64_t V, int64_t xs, const uint8
     }
 }
 
+/* Vectors of VW floats in the compiler's vector extension (one AVX-512 register, or one AVX2 register elsewhere);
+ * unaligned loads and stores through vf pointers. */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+#if defined(__AVX512F__)
+static inline float hsum(vf a) { return _mm512_reduce_add_ps((__m512)a); }  /* the lanes' sum, as a tree */
+#elif defined(__AVX__)
+static inline float hsum(vf a) {
+    const __m256 x = (__m256)a;
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+static inline float hsum(vf a) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += a[i];
+    return s;
+}
+#endif
+
+static inline float dot(const float* a, const float* b, int64_t D) {  /* a . b, vectors then a tree */
+    vf acc = {0};
+    int64_t d = 0;
+    for (; d + VW <= D; d += VW) acc += *(const vf*)(a + d) * *(const vf*)(b + d);
+    float s = hsum(acc);
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
 /* One decoding step's attention: for each block b, query head h and query t,
  *   out[b, h, t, :] = softmax_s(scale * q[b, h, t, :] . k[b', h / g, s, :], masked) @ v[b', h / g, s, :],
  * g = H / Hkv, over s < S, where b' = b, or rows[s * r_ss + b] when a row table is given (the cache row that
  * holds block b's position s). Keys and values share their strides (kv_sb, kv_sh, kv_ss; last dim contiguous);
  * q and out have their own (last dim contiguous). mask: (B, S) 0/1 with strides (m_sb, m_ss), 1 = may attend,
- * or NULL. A query with no allowed key gets zeros. */
+ * or NULL. A query with no allowed key gets zeros.
+ * Per block, the allowed keys' offsets are listed once; per (h, t) the scores are vector dot products, the softmax
+ * is exp_nonpos, and the output is four interleaved partial sums of weighted value vectors, scaled once. */
 void aiayn_few_query_attention(const float* q, int64_t q_sb, int64_t q_sh, int64_t q_st,
                                const float* k, const float* v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
                                const int64_t* rows, int64_t r_ss,
@@ -104,55 +144,51 @@ void aiayn_few_query_attention(const float* q, int64_t q_sb, int64_t q_sh, int64
     const int64_t g = H / Hkv;
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && B * H * T * S * D >= (1 << 16))
     for (int64_t b = 0; b < B; b++) {
-        float stack[2048];
-        const int64_t need = H * T * S;
-        float* sc = need <= 2048 ? stack : (float*)malloc(sizeof(float) * need);  /* sc[(h * T + t) * S + s] */
+        float pstack[512];
+        int64_t kstack[512];
+        float* p = S <= 512 ? pstack : (float*)malloc(sizeof(float) * S);  /* one query's weights over the keys */
+        int64_t* ko = S <= 512 ? kstack : (int64_t*)malloc(sizeof(int64_t) * S);  /* allowed key a's offset */
         const uint8_t* mb = mask ? mask + b * m_sb : NULL;
-        for (int64_t s = 0; s < S; s++) {  /* scores: each key read once, for all heads and queries */
-            const int64_t row = rows ? rows[s * r_ss + b] : b;
-            const int ok = !mb || mb[s * m_ss];
-            for (int64_t h = 0; h < H; h++) {
-                const float* ks = k + row * kv_sb + (h / g) * kv_sh + s * kv_ss;
-                for (int64_t t = 0; t < T; t++) {
-                    float acc = -INFINITY;
-                    if (ok) {
-                        const float* qt = q + b * q_sb + h * q_sh + t * q_st;
-                        acc = 0.0f;
-                        #pragma omp simd reduction(+:acc)
-                        for (int64_t d = 0; d < D; d++) acc += qt[d] * ks[d];
-                        acc *= scale;
-                    }
-                    sc[(h * T + t) * S + s] = acc;
-                }
-            }
-        }
-        for (int64_t ht = 0; ht < H * T; ht++) {  /* softmax over s */
-            float* p = sc + ht * S;
-            float m = -INFINITY, sum = 0.0f;
-            for (int64_t s = 0; s < S; s++) m = p[s] > m ? p[s] : m;
-            if (m == -INFINITY) { for (int64_t s = 0; s < S; s++) p[s] = 0.0f; continue; }
-            for (int64_t s = 0; s < S; s++) { p[s] = exp_nonpos(p[s] - m); sum += p[s]; }
-            const float inv = 1.0f / sum;
-            for (int64_t s = 0; s < S; s++) p[s] *= inv;
-        }
-        for (int64_t h = 0; h < H; h++)
+        int64_t A = 0;  /* the allowed keys, in order */
+        for (int64_t s = 0; s < S; s++)
+            if (!mb || mb[s * m_ss]) ko[A++] = (rows ? rows[s * r_ss + b] : b) * kv_sb + s * kv_ss;
+        for (int64_t h = 0; h < H; h++) {
+            const float* kh = k + (h / g) * kv_sh;
+            const float* vh = v + (h / g) * kv_sh;
             for (int64_t t = 0; t < T; t++) {
+                const float* qt = q + b * q_sb + h * q_sh + t * q_st;
                 float* o = out + b * o_sb + h * o_sh + t * o_st;
-                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-            }
-        for (int64_t s = 0; s < S; s++) {  /* weighted values: each value read once */
-            const int64_t row = rows ? rows[s * r_ss + b] : b;
-            for (int64_t h = 0; h < H; h++) {
-                const float* vs = v + row * kv_sb + (h / g) * kv_sh + s * kv_ss;
-                for (int64_t t = 0; t < T; t++) {
-                    const float w = sc[(h * T + t) * S + s];
-                    if (w == 0.0f) continue;
-                    float* o = out + b * o_sb + h * o_sh + t * o_st;
-                    #pragma omp simd
-                    for (int64_t d = 0; d < D; d++) o[d] += w * vs[d];
+                if (A == 0) { memset(o, 0, sizeof(float) * D); continue; }
+                float m = -INFINITY, sum = 0.0f;
+                for (int64_t a = 0; a < A; a++) {  /* scores */
+                    p[a] = scale * dot(qt, kh + ko[a], D);
+                    m = p[a] > m ? p[a] : m;
+                }
+                for (int64_t a = 0; a < A; a++) p[a] = exp_nonpos(p[a] - m);  /* softmax, normalized at the end */
+                #pragma omp simd reduction(+:sum)
+                for (int64_t a = 0; a < A; a++) sum += p[a];
+                const float inv = 1.0f / sum;
+                int64_t d = 0;
+                for (; d + VW <= D; d += VW) {  /* weighted values: four partial sums per output vector */
+                    vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                    int64_t a = 0;
+                    for (; a + 4 <= A; a += 4) {
+                        a0 += p[a] * *(const vf*)(vh + ko[a] + d);
+                        a1 += p[a + 1] * *(const vf*)(vh + ko[a + 1] + d);
+                        a2 += p[a + 2] * *(const vf*)(vh + ko[a + 2] + d);
+                        a3 += p[a + 3] * *(const vf*)(vh + ko[a + 3] + d);
+                    }
+                    for (; a < A; a++) a0 += p[a] * *(const vf*)(vh + ko[a] + d);
+                    *(vf*)(o + d) = ((a0 + a1) + (a2 + a3)) * inv;
+                }
+                for (; d < D; d++) {  /* a head width that is not a multiple of the vector width */
+                    float acc = 0.0f;
+                    for (int64_t a = 0; a < A; a++) acc += p[a] * vh[ko[a] + d];
+                    o[d] = acc * inv;
                 }
             }
         }
-        if (sc != stack) free(sc);
+        if (p != pstack) free(p);
+        if (ko != kstack) free(ko);
     }
 }
