@@ -149,3 +149,56 @@ def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatc
         assert [h.tokens for h in a] == [h.tokens for h in b]
         for x, y in zip(a, b):
             assert x.score == pytest.approx(y.score, abs=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("m,k,n", [(1, 512, 2048), (4, 37, 1031), (3, 5, 3), (2, 2048, 300), (7, 64, 130)])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_rows_linear_equals_reference(m: int, k: int, n: int, activation: str | None) -> None:
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k + 3, generator=g)[:, 3:]  # rows with a stride of their own
+    wt = torch.randn(n, k, generator=g).t().contiguous() / k ** 0.5  # a column-major weight's transpose
+    bias = torch.randn(n, generator=g)
+    for b in (bias, None):
+        want = native.rows_linear_reference(x.double(), wt.double(), None if b is None else b.double(), activation)
+        got = native.rows_linear(x, wt, b, activation)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-5)
+    assert native.rows_linear(x[None], wt, bias).shape == (1, m, n)  # leading dimensions kept
+    with pytest.raises(ValueError, match="contiguous rows"):
+        native.rows_linear(x, wt.t().contiguous().t(), bias)  # a (K, N) view with strided rows
+
+
+@needs_native
+def test_gelu_matches_torch_over_its_range() -> None:
+    x = torch.linspace(-12, 12, 20001)
+    got = native.rows_linear(x[:, None], torch.ones(1, 1), None, "gelu")[:, 0]
+    want = torch.nn.functional.gelu(x.double())
+    assert (got.double() - want).abs().max() < 1e-6  # torch's own fp32 GELU is about 1.2e-6 off here
+
+
+@needs_native
+def test_packed_linear_takes_rows_linear_for_a_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column-major PackedLinear serves up to MAX_LINEAR_ROWS rows by the native kernel, more rows and
+    AIAYN_NATIVE=0 by its other products; plans kept across frozen blocks follow the switch."""
+    from aiayn.nn.layout import column_major_linears
+    from aiayn.nn.packed import PackedLinear, frozen_weights
+
+    torch.manual_seed(0)
+    layer = column_major_linears(torch.nn.Linear(64, 200))
+    fast = PackedLinear.from_linear(layer)
+    calls = []
+    kernel = native.rows_linear
+    monkeypatch.setattr(native, "rows_linear", lambda x, *a: calls.append(x.shape) or kernel(x, *a))
+    x = torch.randn(native.MAX_LINEAR_ROWS + 1, 64)
+    few = x[:native.MAX_LINEAR_ROWS]
+    with torch.inference_mode():
+        for rows in (x[:1], few, x):
+            torch.testing.assert_close(fast(rows, activation="gelu"), torch.nn.functional.gelu(layer(rows)),
+                                       rtol=1e-5, atol=1e-5)
+        assert calls == [x[:1].shape, few.shape]
+        for flag, used in (("0", False), ("1", True)):
+            monkeypatch.setenv("AIAYN_NATIVE", flag)
+            calls.clear()
+            with frozen_weights():
+                fast(few)
+            assert bool(calls) == used

@@ -7,7 +7,10 @@ data again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
   :func:`row_top` reads each row twice (max and best entries, then the exp-sum) and writes only (N, n);
 - one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, and can read
   them through a table of cache rows, so that beam search's reordering need not copy the cache
-  (:class:`~aiayn.nn.cache.KVStore`).
+  (:class:`~aiayn.nn.cache.KVStore`);
+- a linear layer at a decoding step's few rows: :func:`rows_linear` streams the (column-major) weight once, each
+  thread its own contiguous band of it, where oneDNN's and MKL's kernels read it at a lower rate
+  (:meth:`aiayn.nn.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows).
 
 Each kernel has a plain-PyTorch reference here (``*_reference``); tests hold the two equal. The library is built
 with the C compiler ``$CC`` (default ``cc``) with ``-O3 -march=native`` and OpenMP, linked against the OpenMP runtime
@@ -41,7 +44,12 @@ _SIGNATURES = {
     "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
     "aiayn_few_query_attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I,
                                   _I, _I, _I, _I, _I, _I, _F, _I],
+    "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
 }
+#: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
+#: host it ran a decoder's linear layers 1.2-2.6x faster than the oneDNN / MKL products at 1 to 4 rows, tied at 8
+#: and lost at 16, where the product is no longer bound by reading the weight (docs/BENCHMARKS.md)
+MAX_LINEAR_ROWS = 4
 _lib: ctypes.CDLL | None = None
 _tried = False
 build_error: str | None = None  # why the last build failed, for diagnostics
@@ -221,3 +229,46 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
         k.stride(2), r_ptr, r_ss, m_ptr, m_sb, m_ss, out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
         B, H, Hkv, T, S, D, scale, torch.get_num_threads())
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- linear
+
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # what rows_linear applies to its result, by name: the kernel's code
+
+
+def rows_linear_reference(x: Tensor, wt: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """``F.linear`` by the transposed weight, then ``activation``: what :func:`rows_linear` computes.
+
+    Args:
+        x: (..., K).
+        wt: (K, N), the transpose of an (N, K) ``nn.Linear`` weight.
+        bias: (N,) or None.
+        activation: None, "relu" or "gelu" (exact, erf-based, as ``F.gelu``).
+    Returns:
+        (..., N).
+    """
+    y = torch.nn.functional.linear(x, wt.t(), bias)
+    return {None: y, "relu": y.relu(), "gelu": torch.nn.functional.gelu(y)}[activation]
+
+
+def rows_linear(x: Tensor, wt: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """:func:`rows_linear_reference` by the native kernel, for a few rows (the weight is read once).
+
+    ``wt`` (K, N) needs contiguous rows (``wt.stride(1) == 1``: the weight stored column-major, as
+    :func:`aiayn.nn.layout.column_major_linears` leaves it); ``bias`` contiguous. Call only where :func:`library` is
+    not None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`). Equal to the reference up to float rounding
+    (GELU's erf to about 1.5e-7).
+    """
+    K, N = wt.shape
+    if wt.stride(1) != 1 or x.shape[-1] != K or (bias is not None and (bias.shape != (N,) or bias.stride(0) != 1)):
+        raise ValueError(f"rows_linear: x (..., {K}), wt ({K}, {N}) with contiguous rows and bias ({N},) needed; got "
+                         f"x {tuple(x.shape)}, wt strides {wt.stride()}, bias "
+                         f"{None if bias is None else tuple(bias.shape)}")
+    x2 = x.reshape(-1, K)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    y = x2.new_empty(x2.shape[0], N)
+    library().aiayn_rows_linear(x2.data_ptr(), x2.stride(0), x2.shape[0], K, wt.data_ptr(), wt.stride(0), N,
+                                0 if bias is None else bias.data_ptr(), y.data_ptr(), N, ACTIVATIONS[activation],
+                                torch.get_num_threads())
+    return y.view(*x.shape[:-1], N)

@@ -4,7 +4,8 @@
  * where PyTorch's own kernels read the same memory several times or cost more in dispatch than in arithmetic:
  *   aiayn_row_top             a row's log-sum-exp and its n best entries in two passes over the row;
  *   aiayn_few_query_attention one decoding step's attention (self- or cross-), vectorized, optionally through
- *                             a table of cache rows (beam search's reordering without copying the cache).
+ *                             a table of cache rows (beam search's reordering without copying the cache);
+ *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once.
  * Threads: OpenMP, the same runtime as torch's (the library is linked against the libgomp torch loaded).
  */
 #include <math.h>
@@ -13,6 +14,9 @@
 #include <string.h>
 #if defined(__AVX__)
 #include <immintrin.h>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
 #endif
 
 /* exp(x) for x <= 0 (0 for x < -87.3 and for -inf), to about 2 ulp, in plain arithmetic the compiler vectorizes:
@@ -191,4 +195,116 @@ void aiayn_few_query_attention(const float* q, int64_t q_sb, int64_t q_sh, int64
         if (p != pstack) free(p);
         if (ko != kstack) free(ko);
     }
+}
+
+/* GELU, x Phi(x) with the exact (erf) Phi, as torch's F.gelu: erf(z) = 1 - t P(t) exp(-z^2), t = 1 / (1 + p z) for
+ * z >= 0 (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7; the approximation torch's vectorized CPU erf
+ * uses), odd in z. */
+static inline float gelu(float x) {
+    const float z = fabsf(x) * 0.70710678118654752f, t = 1.0f / (1.0f + 0.3275911f * z);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f
+                                                                                          + t * 1.061405429f))));
+    const float erf_z = 1.0f - poly * exp_nonpos(-z * z);
+    return 0.5f * x * (1.0f + (x < 0.0f ? -erf_z : erf_z));
+}
+
+/* A linear layer for a few rows: y[m, n] = act(bias[n] + sum_k x[m, k] * wt[k, n]), m < M, n < N, where
+ * wt (K, N) is the transposed weight, rows of stride w_sk and contiguous columns (an nn.Linear weight stored
+ * column-major, as aiayn.nn.layout leaves it). At a few rows this is bound by reading the weight, so each thread
+ * streams its own contiguous band of weight rows (a slice of k) once: rows of 4 outputs' vectors accumulate over
+ * ROWS_KB weight rows at a time in registers (4 rows of x by ROWS_NV vectors of outputs), and the threads' partial
+ * sums are added at the end. x: (M, K), row stride x_sm; y: (M, N), row stride y_sm; bias: (N,) or NULL;
+ * act: none (activation 0), ReLU (1) or GELU (2). */
+#define ROWS_KB 8
+#define ROWS_NV 4
+#define DEFINE_ROWS_BLOCK(MR)                                                                                      \
+static void rows_block_##MR(const float* x, int64_t x_sm, int64_t k0, int64_t k1, const float* wt, int64_t w_sk,  \
+                            const float* bias, float* y, int64_t y_sm, int64_t n0, int64_t n1) {                  \
+    const int64_t CW = ROWS_NV * VW;                                                                               \
+    for (int64_t kb0 = k0; kb0 < k1; kb0 += ROWS_KB) {                                                             \
+        const int64_t kb1 = kb0 + ROWS_KB < k1 ? kb0 + ROWS_KB : k1;                                               \
+        for (int64_t n = n0; n + CW <= n1; n += CW) {                                                              \
+            vf acc[MR][ROWS_NV];                                                                                   \
+            for (int m = 0; m < MR; m++)                                                                           \
+                for (int j = 0; j < ROWS_NV; j++)                                                                  \
+                    acc[m][j] = kb0 > k0 ? *(const vf*)(y + m * y_sm + n + j * VW)                                 \
+                                         : bias ? *(const vf*)(bias + n + j * VW) : (vf){0};                      \
+            for (int64_t k = kb0; k < kb1; k++) {                                                                  \
+                vf w[ROWS_NV];                                                                                     \
+                for (int j = 0; j < ROWS_NV; j++) w[j] = *(const vf*)(wt + k * w_sk + n + j * VW);                 \
+                for (int m = 0; m < MR; m++) {                                                                     \
+                    const vf xb = (vf){0} + x[m * x_sm + k];                                                       \
+                    for (int j = 0; j < ROWS_NV; j++) acc[m][j] += xb * w[j];                                      \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (int m = 0; m < MR; m++)                                                                           \
+                for (int j = 0; j < ROWS_NV; j++) *(vf*)(y + m * y_sm + n + j * VW) = acc[m][j];                   \
+        }                                                                                                          \
+    }                                                                                                              \
+}
+DEFINE_ROWS_BLOCK(1)
+DEFINE_ROWS_BLOCK(2)
+DEFINE_ROWS_BLOCK(3)
+DEFINE_ROWS_BLOCK(4)
+
+/* y[:, :N] over weight rows k0 <= k < k1 (bias added unless NULL), every row of x, four at a time. */
+static void rows_band(const float* x, int64_t x_sm, int64_t M, int64_t k0, int64_t k1, const float* wt,
+                      int64_t w_sk, int64_t N, const float* bias, float* y, int64_t y_sm) {
+    const int64_t CW = ROWS_NV * VW, nt = N / CW * CW;  /* vector blocks of outputs, then the last few */
+    for (int64_t m = 0; m < M; m += 4) {
+        const float* xm = x + m * x_sm;
+        float* ym = y + m * y_sm;
+        switch (M - m < 4 ? M - m : 4) {
+            case 1: rows_block_1(xm, x_sm, k0, k1, wt, w_sk, bias, ym, y_sm, 0, N); break;
+            case 2: rows_block_2(xm, x_sm, k0, k1, wt, w_sk, bias, ym, y_sm, 0, N); break;
+            case 3: rows_block_3(xm, x_sm, k0, k1, wt, w_sk, bias, ym, y_sm, 0, N); break;
+            default: rows_block_4(xm, x_sm, k0, k1, wt, w_sk, bias, ym, y_sm, 0, N); break;
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = nt; n < N; n++) {
+            float a = bias ? bias[n] : 0.0f;
+            for (int64_t k = k0; k < k1; k++) a += x[m * x_sm + k] * wt[k * w_sk + n];
+            y[m * y_sm + n] = a;
+        }
+}
+
+void aiayn_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const float* wt, int64_t w_sk,
+                       int64_t N, const float* bias, float* y, int64_t y_sm, int64_t activation, int64_t threads) {
+    int64_t T = threads < 1 ? 1 : threads;
+    if (M * N * K < (1 << 16) || K < 2 * ROWS_KB) T = 1;  /* too small to share */
+    float* part = T > 1 ? (float*)malloc(sizeof(float) * M * N * (T - 1)) : NULL;  /* threads 1.. write here */
+    if (!part) T = 1;
+    #pragma omp parallel num_threads(T) if (T > 1)
+    {
+#if defined(_OPENMP)
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int64_t t = 0, nt = 1;
+#endif
+        const int64_t k0 = K * t / nt / ROWS_KB * ROWS_KB, k1 = t == nt - 1 ? K : K * (t + 1) / nt / ROWS_KB * ROWS_KB;
+        float* out = t == 0 ? y : part + (t - 1) * M * N;
+        const int64_t o_sm = t == 0 ? y_sm : N;
+        rows_band(x, x_sm, M, k0, k1, wt, w_sk, N, t == 0 ? bias : NULL, out, o_sm);
+        if (nt > 1) {
+            #pragma omp barrier
+            #pragma omp for schedule(static)
+            for (int64_t n0 = 0; n0 < N; n0 += 256) {  /* y += the other threads' partial sums */
+                const int64_t n1 = n0 + 256 < N ? n0 + 256 : N;
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t p = 0; p < nt - 1; p++) {
+                        const float* src = part + p * M * N + m * N;
+                        float* dst = y + m * y_sm;
+                        for (int64_t n = n0; n < n1; n++) dst[n] += src[n];
+                    }
+            }
+        }
+    }
+    if (activation == 1)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) y[m * y_sm + n] = y[m * y_sm + n] > 0.0f ? y[m * y_sm + n] : 0.0f;
+    else if (activation == 2)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) y[m * y_sm + n] = gelu(y[m * y_sm + n]);
+    free(part);
 }

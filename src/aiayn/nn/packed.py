@@ -212,14 +212,16 @@ class PackedLinear(nn.Linear):
     def _plan_stamp(self) -> tuple | None:
         """Everything :meth:`plan`'s choices and the copies they hold depend on besides the input's shape and
         dtype: the weight's state (:func:`weight_state`: storage, version, dtype, optimizer steps) and device, the
-        bias's storage, autocast, the fp32 backend and the thread count. None where plans must not outlive their
+        bias's storage, autocast, the fp32 backend, the thread count and whether the native kernels are on
+        (:mod:`aiayn.native`, ``AIAYN_NATIVE``). None where plans must not outlive their
         block: with autograd on (an input's ``requires_grad`` then matters too) or an inference-tensor weight (no
         version counter tells an in-place change)."""
         w, b = self.weight, self.bias
         if torch.is_grad_enabled() or w.is_inference() or (b is not None and b.is_inference()):
             return None
         return (weight_state(w), w.device, None if b is None else (b.data_ptr(), b._version, b.dtype),
-                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_backend(), torch.get_num_threads())
+                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_backend(), torch.get_num_threads(),
+                _native_library() is not None)
 
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
         """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
@@ -231,6 +233,11 @@ class PackedLinear(nn.Linear):
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
+        if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
+            from aiayn import native
+
+            wt, bias = w.detach().t(), _detached(b)
+            return lambda x: native.rows_linear(x, wt, bias, activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
@@ -285,6 +292,21 @@ def frozen_block() -> int:
     """The number of the :func:`frozen_weights` block in effect in this thread (a new one for each outermost block),
     0 outside."""
     return _frozen.epoch
+
+
+def _native_library() -> object:
+    from aiayn import native  # here, not at the top: aiayn.native imports the attention core, which imports this
+
+    return native.library()
+
+
+def _native_rows(x: Tensor, w: Tensor) -> bool:
+    """Whether ``aiayn.native.rows_linear`` serves fp32 input ``x`` (..., in) times the weight ``w`` (out, in): at
+    most ``native.MAX_LINEAR_ROWS`` rows, a column-major weight (:mod:`aiayn.nn.layout`), the kernels built."""
+    from aiayn import native
+
+    return (x.numel() <= native.MAX_LINEAR_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(0) == 1
+            and native.library() is not None)
 
 
 def _detached(b: Tensor | None) -> Tensor | None:
