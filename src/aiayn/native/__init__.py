@@ -47,8 +47,9 @@ _SIGNATURES = {
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
 }
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
-#: host it ran a decoder's linear layers 1.2-2.6x faster than the oneDNN / MKL products at 1 to 4 rows, tied at 8
-#: and lost at 16, where the product is no longer bound by reading the weight (docs/BENCHMARKS.md)
+#: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
+#: size output layer, cache-resident, 0.97x), 1.08x at 8 and 0.93x at 16 rows, where the product is no longer bound
+#: by reading the weight (docs/BENCHMARKS.md)
 MAX_LINEAR_ROWS = 4
 _lib: ctypes.CDLL | None = None
 _tried = False
