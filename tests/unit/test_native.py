@@ -166,6 +166,8 @@ def test_rows_linear_equals_reference(m: int, k: int, n: int, activation: str | 
     assert native.rows_linear(x[None], wt, bias).shape == (1, m, n)  # leading dimensions kept
     with pytest.raises(ValueError, match="contiguous rows"):
         native.rows_linear(x, wt.t().contiguous().t(), bias)  # a (K, N) view with strided rows
+    with pytest.raises(ValueError, match=r"x \(\.\.\., "):
+        native.rows_linear(x[:, 1:], wt, bias)  # the wrong width
 
 
 @needs_native
@@ -187,8 +189,13 @@ def test_packed_linear_takes_rows_linear_for_a_few_rows_only(monkeypatch: pytest
     layer = column_major_linears(torch.nn.Linear(64, 200))
     fast = PackedLinear.from_linear(layer)
     calls = []
-    kernel = native.rows_linear
-    monkeypatch.setattr(native, "rows_linear", lambda x, *a: calls.append(x.shape) or kernel(x, *a))
+    make_plan = native.rows_linear_plan
+
+    def counted_plan(*args: object) -> object:
+        plan = make_plan(*args)
+        return lambda x: calls.append(x.shape) or plan(x)
+
+    monkeypatch.setattr(native, "rows_linear_plan", counted_plan)
     x = torch.randn(native.MAX_LINEAR_ROWS + 1, 64)
     few = x[:native.MAX_LINEAR_ROWS]
     with torch.inference_mode():

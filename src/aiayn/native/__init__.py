@@ -15,10 +15,10 @@ data again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
 Each kernel has a plain-PyTorch reference here (``*_reference``); tests hold the two equal. The library is built
 with the C compiler ``$CC`` (default ``cc``) with ``-O3 -march=native`` and OpenMP, linked against the OpenMP runtime
 torch loaded (so both share one thread pool), into a cache directory (``$AIAYN_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/aiayn/native``, else ``~/.cache/aiayn/native``) keyed by the source, the flags, the compiler and
-the CPU, once per machine (about 0.5 s). Without a compiler, on a build failure, or with ``AIAYN_NATIVE=0``,
-:func:`library` is None and callers keep their PyTorch paths: the kernels only ever make decoding faster, never
-different beyond float rounding. Only fp32 CPU tensors come here (:func:`cpu_fp32`).
+``$XDG_CACHE_HOME/aiayn/native``, else ``~/.cache/aiayn/native``) keyed by the source, the flags, the compiler, the
+torch it links to and the CPU, once per machine (about 0.5 s). Without a compiler, on a build failure, or with
+``AIAYN_NATIVE=0``, :func:`library` is None and callers keep their PyTorch paths: the kernels only ever make decoding
+faster, never different beyond float rounding. Only fp32 CPU tensors come here (:func:`cpu_fp32`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -101,7 +102,7 @@ def _build() -> Path:
     errors = []
     for extra in variants:
         flags = ["-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", *extra]
-        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(), str(torch_lib).encode(),
                                          _cpu_signature().encode(), sys.platform.encode()])).hexdigest()[:16]
         cache = _cache_dir()
         try:
@@ -253,23 +254,40 @@ def rows_linear_reference(x: Tensor, wt: Tensor, bias: Tensor | None = None, act
 
 
 def rows_linear(x: Tensor, wt: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
-    """:func:`rows_linear_reference` by the native kernel, for a few rows (the weight is read once).
+    """:func:`rows_linear_reference` by the native kernel, for a few rows (the weight is read once); the same as
+    ``rows_linear_plan(wt, bias, activation)(x)``."""
+    return rows_linear_plan(wt, bias, activation)(x)
+
+
+def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
+                     activation: str | None = None) -> Callable[[Tensor], Tensor]:
+    """:func:`rows_linear` for a fixed weight, as a function x (..., K) -> (..., N) with the weight's arguments bound
+    once (a decoding step calls each layer's product every step; binding saved about 7 of 10 us a call).
 
     ``wt`` (K, N) needs contiguous rows (``wt.stride(1) == 1``: the weight stored column-major, as
-    :func:`aiayn.nn.layout.column_major_linears` leaves it); ``bias`` contiguous. Call only where :func:`library` is
-    not None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`). Equal to the reference up to float rounding
+    :func:`aiayn.nn.layout.column_major_linears` leaves it); ``bias`` (N,) contiguous. The function holds both, and
+    reads them at each call: in-place changes are seen, but not a replaced weight. Call only where :func:`library`
+    is not None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`). Equal to the reference up to float rounding
     (GELU's erf to about 1.5e-7).
     """
     K, N = wt.shape
-    if wt.stride(1) != 1 or x.shape[-1] != K or (bias is not None and (bias.shape != (N,) or bias.stride(0) != 1)):
-        raise ValueError(f"rows_linear: x (..., {K}), wt ({K}, {N}) with contiguous rows and bias ({N},) needed; got "
-                         f"x {tuple(x.shape)}, wt strides {wt.stride()}, bias "
-                         f"{None if bias is None else tuple(bias.shape)}")
-    x2 = x.reshape(-1, K)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    y = x2.new_empty(x2.shape[0], N)
-    library().aiayn_rows_linear(x2.data_ptr(), x2.stride(0), x2.shape[0], K, wt.data_ptr(), wt.stride(0), N,
-                                0 if bias is None else bias.data_ptr(), y.data_ptr(), N, ACTIVATIONS[activation],
-                                torch.get_num_threads())
-    return y.view(*x.shape[:-1], N)
+    if wt.stride(1) != 1 or (bias is not None and (bias.shape != (N,) or bias.stride(0) != 1)):
+        raise ValueError(f"rows_linear: wt ({K}, {N}) with contiguous rows and bias ({N},) needed; got wt strides "
+                         f"{wt.stride()}, bias {None if bias is None else tuple(bias.shape)}")
+    kernel, act = library().aiayn_rows_linear, ACTIVATIONS[activation]
+    w_ptr, w_sk, b_ptr = wt.data_ptr(), wt.stride(0), 0 if bias is None else bias.data_ptr()
+    held = (wt, bias)  # kept alive with the pointers above
+
+    def run(x: Tensor) -> Tensor:
+        if x.shape[-1] != K:
+            raise ValueError(f"rows_linear: x (..., {K}) needed, got {tuple(x.shape)}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, K)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        y = x2.new_empty(x2.shape[0], N)
+        kernel(x2.data_ptr(), x2.stride(0), x2.shape[0], K, w_ptr, w_sk, N, b_ptr, y.data_ptr(), N, act,
+               torch.get_num_threads())
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+
+    run.held = held  # type: ignore[attr-defined]
+    return run

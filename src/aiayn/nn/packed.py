@@ -236,8 +236,7 @@ class PackedLinear(nn.Linear):
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
             from aiayn import native
 
-            wt, bias = w.detach().t(), _detached(b)
-            return lambda x: native.rows_linear(x, wt, bias, activation)
+            return native.rows_linear_plan(w.detach().t(), _detached(b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
