@@ -107,6 +107,11 @@ class _Wiring:
         return self.norm(x + y if self.alpha == 1.0 else self.alpha * x + y)
 
 
+def _number_scale(scale: float | None, head_dim: int) -> float:
+    """An attention module's score scale as the native kernel needs it: a number (None means 1/sqrt(head_dim))."""
+    return head_dim ** -0.5 if scale is None else scale
+
+
 class _Layer:
     """What one :class:`~aiayn.nn.layers.TransformerLayer` needs for a one-token step, gathered once."""
 
@@ -116,13 +121,13 @@ class _Layer:
         self.q_width = self.hq * self.dh
         self.qkv, self.self_out = _Product(sa.qkv_proj), _Product(sa.out_proj)
         self.self_scale, self.self_backend = sa.scale, sa.backend
-        self.native_scale = self.dh ** -0.5 if sa.scale is None else sa.scale  # the native kernel needs a number
+        self.native_scale = _number_scale(sa.scale, self.dh)
         self.self_res = _Wiring(layer.self_res)
         self.cross = ca is not None
         if ca is not None:
             self.cross_q, self.cross_out = _Product(ca.q_proj), _Product(ca.out_proj)
             self.cross_scale, self.cross_backend = ca.scale, ca.backend
-            self.cross_native_scale = self.dh ** -0.5 if ca.scale is None else ca.scale
+            self.cross_native_scale = _number_scale(ca.scale, self.dh)
             self.cross_res = _Wiring(layer.cross_res)
         self.ffn = layer.ffn
         self.w_in, self.w_out = _Product(layer.ffn.w_in), _Product(layer.ffn.w_out)
@@ -150,27 +155,15 @@ class FastDecoderStep:
         self.final_norm = _norm(stack.final_norm)
         self.native = native.library() is not None  # attention through aiayn.native where it applies
 
-    def _native_key_mask(self, x: Tensor, mask: Tensor | None, bias: Tensor | None) -> Tensor | None | bool:
-        """The self-attention key mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where
-        the kernel does not serve this step: not built, not fp32 on the CPU, a position bias, or a mask that varies
-        over heads or queries."""
-        if not self.native or bias is not None or not native.cpu_fp32(x):
+    def _native_mask(self, x: Tensor, mask: Tensor | None) -> Tensor | None | bool:
+        """An attention mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where the kernel
+        does not serve this step: not built, not fp32 on the CPU, or a mask that varies over heads or queries."""
+        if not self.native or not native.cpu_fp32(x):
             return False
         if mask is None:
             return None
-        if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.dtype == torch.bool:
+        if mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.dtype == torch.bool:
             return mask[:, 0, 0, :]
-        return False
-
-    def _native_memory_mask(self, x: Tensor, memory_mask: Tensor | None) -> Tensor | None | bool:
-        """The cross-attention key mask as the native kernel takes it, (Bm, S) bool or None (no padding), or False
-        where the kernel does not serve this step: not built, not fp32 on the CPU, or a mask it cannot take."""
-        if not self.native or not native.cpu_fp32(x):
-            return False
-        if memory_mask is None:
-            return None
-        if memory_mask.dim() == 4 and memory_mask.shape[1:3] == (1, 1) and memory_mask.dtype == torch.bool:
-            return memory_mask[:, 0, 0, :]
         return False
 
     @classmethod
@@ -206,10 +199,10 @@ class FastDecoderStep:
         x = x.view(n, -1)  # (N, D): one position per row
         # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
         one_copy = rotary is None and cache.store.data is not None
-        key_mask = self._native_key_mask(x, mask, bias) if one_copy else False
+        key_mask = self._native_mask(x, mask) if one_copy and bias is None else False  # no position bias there
         if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
             cache.store.lazy = True
-        memory_key_mask = self._native_memory_mask(x, memory_mask) if cache.cross_attn else False
+        memory_key_mask = self._native_mask(x, memory_mask) if cache.cross_attn else False
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)
@@ -236,7 +229,7 @@ class FastDecoderStep:
                 # but as a strided view (the flash kernel reads it as it is, and writes its result so that the way
                 # back below is a view too)
                 q = lay.cross_q(lay.cross_res.enter(x)).view(n // g, g, lay.hq, lay.dh).transpose(1, 2)
-                if memory_key_mask is not False and lay.cross_backend != "reference" and cc.k.stride() == cc.v.stride():
+                if memory_key_mask is not False and lay.cross_backend != "reference":  # k, v: one projection's halves
                     a = x.new_empty(n // g, g, lay.hq, lay.dh)  # written through its (N/g, Hq, g, Dh) view
                     native.few_query_attention(q, cc.k, cc.v, memory_key_mask, lay.cross_native_scale,
                                                out=a.transpose(1, 2))

@@ -42,6 +42,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import TypeVar
 
 import torch
@@ -221,7 +222,7 @@ class PackedLinear(nn.Linear):
             return None
         return (weight_state(w), w.device, None if b is None else (b.data_ptr(), b._version, b.dtype),
                 torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_backend(), torch.get_num_threads(),
-                _native_library() is not None)
+                _native().library() is not None)
 
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
         """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
@@ -234,9 +235,7 @@ class PackedLinear(nn.Linear):
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
-            from aiayn import native
-
-            return native.rows_linear_plan(w.detach().t(), _detached(b), activation)
+            return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
@@ -293,17 +292,18 @@ def frozen_block() -> int:
     return _frozen.epoch
 
 
-def _native_library() -> object:
-    from aiayn import native  # here, not at the top: aiayn.native imports the attention core, which imports this
+def _native() -> ModuleType:
+    """The module :mod:`aiayn.native`, imported here rather than at the top: it imports the attention core, which
+    imports this module."""
+    from aiayn import native
 
-    return native.library()
+    return native
 
 
 def _native_rows(x: Tensor, w: Tensor) -> bool:
     """Whether ``aiayn.native.rows_linear`` serves fp32 input ``x`` (..., in) times the weight ``w`` (out, in): at
     most ``native.MAX_LINEAR_ROWS`` rows, a column-major weight (:mod:`aiayn.nn.layout`), the kernels built."""
-    from aiayn import native
-
+    native = _native()
     return (x.numel() <= native.MAX_LINEAR_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(0) == 1
             and native.library() is not None)
 
