@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from aiayn import ModelConfig, build_model
 from aiayn.config import ARCHS, POSITIONS
 from aiayn.nn import masks as M
+from aiayn.nn import short_attention
 from aiayn.nn.attention import MultiHeadAttention, _expand_kv, scaled_dot_product_attention
 from aiayn.nn.positions import ALiBi, T5RelativeBias
 
@@ -97,10 +98,17 @@ def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bia
 LAYOUTS = [("none", H), ("none", 2), ("none", 1), ("alibi", 2), ("t5", 1)]
 
 
+@pytest.mark.parametrize("kernel", ["torch", "two-matmuls"])
 @pytest.mark.parametrize("bias_kind,kv_heads", LAYOUTS, ids=[f"{b}-{({H: 'mha', 2: 'gqa', 1: 'mqa'})[k]}"
                                                              for b, k in LAYOUTS])
 @pytest.mark.parametrize("mask_name", list(MASKS))
-def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, device: str) -> None:
+def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, kernel: str, device: str,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel "torch": torch's fused kernel; "two-matmuls": :mod:`aiayn.nn.short_attention`, which trains CPU
+    attention over few keys (this grid has at most 12), and which the CPU takes here unless switched off."""
+    if kernel == "two-matmuls" and device != "cpu":
+        pytest.skip("the two-matmul path serves CPU training only")
+    monkeypatch.setattr(short_attention, "MAX_KEYS", short_attention.MAX_KEYS if kernel == "two-matmuls" else 0)
     mask, is_causal, s = MASKS[mask_name]()
     bias = _bias(bias_kind, s)
     q, k, v = torch.randn(B, H, T, DH), torch.randn(B, kv_heads, s, DH), torch.randn(B, kv_heads, s, DH)

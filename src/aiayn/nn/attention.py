@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.nn import decode_attention
+from aiayn.nn import decode_attention, short_attention
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.positions import apply_rotary
 
@@ -97,15 +97,20 @@ def scaled_dot_product_attention(
         return out, (weights if return_weights else None)
 
     dtype = torch.float32 if _cpu_training_in_low_precision(q, k, v) else q.dtype
-    attn_mask: Tensor | None = mask
-    if bias is not None:
-        attn_mask = bias.to(dtype)
-        if mask is not None:
-            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
     if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
         # a CPU decoding step: the flash kernel or two matmuls, whichever this host measured faster for the shape
         out = decode_attention.few_query_attention(q, k, v, mask, scale)
+    elif short_attention.applies(q, k, v):
+        # CPU training over at most 64 keys: two matmuls beat the flash kernel's per-block work
+        with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
+            out = short_attention.attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, bias, dropout_p,
+                                            is_causal, scale).to(q.dtype)
     else:
+        attn_mask: Tensor | None = mask
+        if bias is not None:
+            attn_mask = bias.to(dtype)
+            if mask is not None:
+                attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
         with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
             out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=attn_mask,
                                                  dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
