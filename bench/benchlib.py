@@ -8,6 +8,7 @@ of the timed runs and the ratio of medians.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -84,6 +85,9 @@ def add_malloc_arg(parser: argparse.ArgumentParser) -> None:
 def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1) -> dict[str, list[float]]:
     """Time each callable ``runs`` times, interleaved (a, b, a, b, ...), after ``warmup`` untimed rounds.
 
+    Every timed run starts with Python's cyclic garbage collector settled (:func:`settle_garbage`, untimed), so a
+    collection of garbage that an earlier run, another contender or the imports left lands in no timed run.
+
     Args:
         fns: name -> zero-argument callable (one full unit of work, e.g. one generate call).
         runs: timed rounds.
@@ -94,13 +98,31 @@ def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1)
     for _ in range(warmup):
         for fn in fns.values():
             fn()
+    settle_garbage(freeze=True)
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
+            settle_garbage()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def settle_garbage(freeze: bool = False) -> None:
+    """Run a full collection of Python's cyclic garbage collector now; with ``freeze``, then move every object
+    still alive (the imports', the models') to the collector's permanent generation (:func:`gc.freeze`).
+
+    After ``import torch`` a process holds about 170,000 objects that the collector tracks, and a full collection
+    of them took 55-73 ms on the 2-core benchmark host. The first one comes at whatever allocation crosses the
+    collector's thresholds: in a fresh process timing beam-4 decodes it fell in the third or fourth decode and
+    made it 30% slower (docs/BENCHMARKS.md, forty-second session). Collecting before every timed run, with the
+    long-lived objects frozen so that those collections are cheap, keeps that one-time cost out of every
+    contender's timings alike; the collections a run's own allocations trigger stay in it.
+    """
+    gc.collect()
+    if freeze:
+        gc.freeze()
 
 
 def run_json_child(cmd: list[str], env: dict[str, str] | None = None) -> Any:

@@ -8,6 +8,10 @@
 - Causal self-attention forward + backward at the setup's (batch, heads, length, head width), bf16 inputs:
   torch's flash kernel in bf16 (what autocast runs) against :func:`aiayn.nn.attention.scaled_dot_product_attention`,
   which trains in float32 on CPU (``attn_bf16_aiayn``), and the float32 kernel on float32 inputs.
+- Attention over few keys, fp32 forward + backward, by key count (16 to 128; batch x length fixed at 8192 tokens,
+  8 heads of 64): torch's flash kernel against :func:`aiayn.nn.short_attention.attention` (two matmuls, an
+  additive mask, a softmax), causal and with padding (a third of the examples 5 keys short): the second table,
+  which sets ``short_attention.MAX_KEYS``.
 
 Alternating runs, median of ``--runs`` (default 7), milliseconds. ``loss_512_rows_faults``: the minor page faults
 of one default-chunk call as a training step makes it (the gradients set to None first, as ``zero_grad`` does),
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
+from aiayn.nn import short_attention  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
 from aiayn.nn.dropout import dropout  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
@@ -41,6 +46,8 @@ SHAPES = [("tiny-multi30k", 4096, 128, 8000, (256, 4, 16, 32)), ("paper-base", 5
           ("gpt2-small", 1024, 768, 50257, (8, 12, 128, 64))]
 QUICK_SHAPES = [("quick", 256, 64, 1000, (8, 2, 16, 32))]
 CHUNKS = {"loss_64_rows": 64, "loss_512_rows": 512, "loss_one_chunk": 1 << 30}
+#: key counts of the few-keys attention table (batch = TOKENS // keys); quick: smaller
+KEY_COUNTS, TOKENS, QUICK_KEY_COUNTS, QUICK_TOKENS = (16, 32, 64, 128), 8192, (16, 32), 256
 
 
 def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int], runs: int) -> dict:
@@ -84,15 +91,49 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
     return row
 
 
+def time_few_keys_attention(keys: int, tokens: int, runs: int) -> list[dict]:
+    """Forward + backward of (tokens // keys, 8, keys, 64) fp32 self-attention, causal and with padding, through
+    torch's flash kernel and through :func:`aiayn.nn.short_attention.attention`; one result row per mask."""
+    b, h, dh = max(tokens // keys, 3), 8, 64
+    qkv = [torch.randn(b, h, keys, dh).requires_grad_() for _ in range(3)]  # (B, H, S, Dh) each
+    grad = torch.randn(b, h, keys, dh)  # a dense gradient, as a linear layer's backward hands attention
+    lengths = torch.full((b,), keys)
+    lengths[::3] = keys - 5
+    pad = (torch.arange(keys)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    rows = []
+    for kind in ("causal", "padding"):
+        mask, causal = (None, True) if kind == "causal" else (pad, False)
+
+        def flash(mask: torch.Tensor | None = mask, causal: bool = causal) -> None:
+            F.scaled_dot_product_attention(*qkv, attn_mask=mask, is_causal=causal).backward(grad)
+
+        def two_matmuls(mask: torch.Tensor | None = mask, causal: bool = causal) -> None:
+            short_attention.attention(*qkv, mask, None, 0.0, causal, dh**-0.5).backward(grad)
+
+        times = benchlib.alternate({"flash": flash, "two_matmuls": two_matmuls}, runs=runs, warmup=1)
+        row = {"keys": keys, "batch": b, "mask": kind,
+               **{f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()}}
+        row["two_matmuls_speedup"] = row["flash_ms"] / row["two_matmuls_ms"]
+        row["served_by_two_matmuls"] = keys <= short_attention.MAX_KEYS
+        rows.append(row)
+    return rows
+
+
 def bench_kernels(quick: bool = False, runs: int = 7) -> dict:
-    """Time both kernels at each shape; returns the JSON payload (one row per shape)."""
+    """Time both kernels at each shape, and the few-keys attention at each key count; returns the JSON payload
+    (``rows``: one per shape; ``attention_rows``: one per key count and mask)."""
     rows = [time_shape(*shape, runs=runs) for shape in (QUICK_SHAPES if quick else SHAPES)]
-    return {"runs": runs, "quick": quick, "rows": rows}
+    key_counts, tokens = (QUICK_KEY_COUNTS, QUICK_TOKENS) if quick else (KEY_COUNTS, TOKENS)
+    attention_rows = [r for keys in key_counts for r in time_few_keys_attention(keys, tokens, runs)]
+    return {"runs": runs, "quick": quick, "rows": rows, "attention_rows": attention_rows}
 
 
 COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_torch_ms", "dropout_speedup",
            "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk", "loss_512_rows_faults",
            "loss_512_rows_bf16_ms", "attn_fp32_ms", "attn_bf16_torch_ms", "attn_bf16_aiayn_ms", "attn_bf16_speedup"]
+
+ATTENTION_COLUMNS = ["keys", "batch", "mask", "flash_ms", "two_matmuls_ms", "two_matmuls_speedup",
+                     "served_by_two_matmuls"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -104,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     payload = bench_kernels(args.quick, runs=args.runs or (2 if args.quick else 7))
     payload["wall_s"] = time.perf_counter() - t0
+    print(benchlib.table(payload["attention_rows"], ATTENTION_COLUMNS))
     benchlib.report("cpu_train_kernels", payload, COLUMNS, args.quick)
     return payload
 

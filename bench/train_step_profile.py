@@ -5,7 +5,8 @@ For each ``train_throughput.py`` setup, aiayn's step (forward, fused loss, backw
 
 - ``matmul_ms``: the linear layers and the loss's products, forward and backward (``mkldnn::_linear_pointwise``,
   ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``);
-- ``attention_ms``: torch's CPU flash-attention kernels, forward and backward;
+- ``attention_ms``: torch's CPU flash-attention kernels, forward and backward (attention over more than 64 keys;
+  shorter attention trains as two matmuls and a softmax, :mod:`aiayn.nn.short_attention`, counted with those);
 - ``other_ms``: everything else that the profiler saw (norms, dropout, softmax of the loss, the embedding's
   gradient, Adam, copies); the step's wall time minus the three is Python and autograd bookkeeping.
 
@@ -16,6 +17,7 @@ below a target, only faster matmuls at these shapes can reach it.
 
     .venv/bin/python bench/train_step_profile.py
     .venv/bin/python bench/train_step_profile.py --setups seq2seq-paper-base --steps 5
+    .venv/bin/python bench/train_step_profile.py --setups seq2seq-paper-base --batch 64
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ def split_kernel_time(events: Any) -> dict[str, float]:
     return split
 
 
-def profile_setup(setup: str, steps: int, quick: bool = False) -> dict[str, Any]:
-    """Profile ``steps`` aiayn training steps of ``setup`` (after 2 warm-up steps); per-step figures."""
-    step, tokens = train_throughput.build_step(setup, "aiayn", quick)
+def profile_setup(setup: str, steps: int, quick: bool = False, batch: int | None = None) -> dict[str, Any]:
+    """Profile ``steps`` aiayn training steps of ``setup`` (after 2 warm-up steps; ``batch`` sequences a step
+    instead of the setup's own); per-step figures."""
+    shape = None if batch is None else {"batch": batch}
+    step, tokens = train_throughput.build_step(setup, "aiayn", quick, shape=shape)
     for _ in range(2):
         step()
     n = 1024 if quick else 2048
@@ -72,16 +76,16 @@ def profile_setup(setup: str, steps: int, quick: bool = False) -> dict[str, Any]
         for _ in range(steps):
             step()
     split = {k: v / steps for k, v in split_kernel_time(prof.key_averages()).items()}
-    s, c = train_throughput.setup_shape(setup), train_throughput.model_config(setup, quick)
+    s, c = train_throughput.setup_shape(setup, shape), train_throughput.model_config(setup, quick)
     flops = 3 * forward_flops_per_token(c, src_len=s["src"], tgt_len=s["tgt"]) * tokens
-    return {"setup": setup, "step_ms": wall_ms, **split,
+    return {"setup": setup, "batch": s["batch"], "step_ms": wall_ms, **split,
             "python_ms": max(0.0, wall_ms - sum(split.values())), "matmul_gflops": flops / split["matmul_ms"] / 1e6,
             "peak_gflops": peak / 1e9, "mfu": flops / (wall_ms / 1e3) / peak,
             "matmul_only_mfu": flops / (split["matmul_ms"] / 1e3) / peak}
 
 
-COLUMNS = ["setup", "step_ms", "matmul_ms", "attention_ms", "other_ms", "python_ms", "matmul_gflops", "peak_gflops",
-           "mfu", "matmul_only_mfu"]
+COLUMNS = ["setup", "batch", "step_ms", "matmul_ms", "attention_ms", "other_ms", "python_ms", "matmul_gflops",
+           "peak_gflops", "mfu", "matmul_only_mfu"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -90,13 +94,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     benchlib.add_common_args(p, runs=None)
     p.add_argument("--setups", nargs="+", choices=list(train_throughput.SETUPS), default=None)
     p.add_argument("--steps", type=int, default=3, help="profiled steps per setup (and as many timed without)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step instead of each setup's own (train_step_profile-batch<N>.json)")
     args = p.parse_args(argv)
+    if args.batch is not None and args.batch < 1:
+        p.error(f"--batch {args.batch}: give a positive number of sequences per step")
     benchlib.setup(args.threads)
     setups, t0 = args.setups or list(train_throughput.SETUPS), time.perf_counter()
     payload: dict[str, Any] = {"steps": args.steps,
-                               "rows": [profile_setup(s, args.steps, args.quick) for s in setups]}
+                               "rows": [profile_setup(s, args.steps, args.quick, args.batch) for s in setups]}
     payload["wall_s"] = time.perf_counter() - t0
-    benchlib.report("train_step_profile", payload, COLUMNS, args.quick)
+    name = "train_step_profile" + ("" if args.batch is None else f"-batch{args.batch}")
+    benchlib.report(name, payload, COLUMNS, args.quick)
     return payload
 
 

@@ -18,9 +18,10 @@ its trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer
 kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
 
 MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s (a 2048^3
-matmul through each library at hand, MKL and oneDNN, the faster counting, as :mod:`matmul_peak`, timed in the same
-alternating rounds so it sees the same load); tokens are
-target tokens. Peak memory: each configuration trains 2 steps in its own
+matmul through each library at hand, MKL and oneDNN, timed in the same alternating rounds so it sees the same load;
+the peak is the fastest of those products, since the median of a few 80 ms products swung from 175 to 211 GFLOP/s
+with the host's load and a low denominator inflates every MFU; ``median_matmul_gflops`` records the median); tokens
+are target tokens. Peak memory: each configuration trains 2 steps in its own
 subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports.
 
 ``--dtype bfloat16`` runs every implementation with mixed precision (forward and loss under
@@ -31,6 +32,7 @@ attention trains in float32 (torch's CPU flash kernel is slower in bf16 with a b
     .venv/bin/python bench/train_throughput.py
     .venv/bin/python bench/train_throughput.py --dtype bfloat16
     .venv/bin/python bench/train_throughput.py --quick
+    .venv/bin/python bench/train_throughput.py --setups seq2seq-paper-base --batch 64   # 2048 target tokens a step
 """
 
 from __future__ import annotations
@@ -227,10 +229,14 @@ def _torch_dropout_one_chunk() -> Iterator[None]:
         aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS = saved
 
 
-def measure_memory(setup: str, impl: str, quick: bool, dtype: str = "float32") -> dict[str, float]:
-    """Peak RSS of 2 training steps of one configuration, measured in a fresh subprocess."""
+def measure_memory(setup: str, impl: str, quick: bool, dtype: str = "float32",
+                   batch: int | None = None) -> dict[str, float]:
+    """Peak RSS of 2 training steps of one configuration (``batch`` sequences a step instead of the setup's own),
+    measured in a fresh subprocess."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-worker", setup, impl,
            "--threads", str(torch.get_num_threads()), "--dtype", dtype]
+    if batch is not None:
+        cmd += ["--batch", str(batch)]
     if quick:
         cmd.append("--quick")
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -240,11 +246,11 @@ def measure_memory(setup: str, impl: str, quick: bool, dtype: str = "float32") -
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def _memory_worker(setup: str, impl: str, quick: bool, dtype: str) -> None:
+def _memory_worker(setup: str, impl: str, quick: bool, dtype: str, batch: int | None = None) -> None:
     if impl.startswith("transformers"):
         import transformers  # noqa: F401  (imported before the baseline, like torch)
     base = benchlib.current_rss_mb()
-    step, _ = build_step(setup, impl, quick, dtype=dtype)
+    step, _ = build_step(setup, impl, quick, dtype=dtype, shape=None if batch is None else {"batch": batch})
     for _ in range(2):
         step()
     peak = benchlib.peak_rss_mb()
@@ -256,11 +262,14 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
                 shape: dict[str, int] | None = None, dtype: str = "float32") -> dict[str, Any]:
     """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation).
 
-    ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; not with ``memory``).
+    ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; with ``memory`` only a
+    ``shape`` that sets nothing but ``batch``).
     ``peak_flops`` fixes the MFU denominator instead of timing a matmul (1024^3 when ``quick``, else 2048^3; in
     ``dtype``, so bf16 MFU is against the bf16 matmul peak). ``dtype`` "bfloat16": every implementation under
     autocast (see :func:`build_step`).
     """
+    if memory and shape and set(shape) - {"batch"}:
+        raise ValueError(f"shape {shape}: the memory subprocesses take only a batch size; pass memory=False")
     setups = setups or list(SETUPS)
     n = 1024 if quick else 2048
     products = matmul_peak.matmul_products(n, getattr(torch, dtype))
@@ -273,7 +282,8 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
         if peak_flops is None:
             steps.update(products)
         times = benchlib.alternate(steps, runs=runs, warmup=warmup)
-        peak = peak_flops or matmul_peak.peak_flops(n, times)[0]
+        peak = peak_flops or matmul_peak.peak_flops(n, times, fastest=True)[0]
+        median_peak = peak_flops or matmul_peak.peak_flops(n, times)[0]
         flops_tok = 3 * forward_flops_per_token(c, src_len=s["src"], tgt_len=s["tgt"])
         t_ours = benchlib.median(times["aiayn"])
         for impl in impls:
@@ -281,10 +291,11 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
             row: dict[str, Any] = {
                 "setup": setup, "impl": impl, "dtype": dtype, "batch": s["batch"], "src": s["src"], "tgt": s["tgt"],
                 "tok_s": tokens / t, "step_ms": 1e3 * t, "aiayn_speedup": t / t_ours,
-                "mfu": flops_tok * tokens / t / peak, "peak_gflops": peak / 1e9, "times": times[impl],
+                "mfu": flops_tok * tokens / t / peak, "peak_gflops": peak / 1e9,
+                "median_matmul_gflops": median_peak / 1e9, "times": times[impl],
             }
             if memory:
-                row.update(measure_memory(setup, impl, quick, dtype))
+                row.update(measure_memory(setup, impl, quick, dtype, batch=(shape or {}).get("batch")))
             rows.append(row)
         del steps
     return {"runs": runs, "quick": quick, "dtype": dtype, "rows": rows}
@@ -303,19 +314,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: every implementation under torch.autocast, MFU against the bf16 matmul peak; "
                         "results go to train_throughput_bfloat16.json")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sentences (sequences) per step for every setup run, instead of each setup's own; results go "
+                        "to train_throughput[_bfloat16]-batch<N>.json")
     p.add_argument("--memory-worker", nargs=2, metavar=("SETUP", "IMPL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     if args.memory_worker:
-        _memory_worker(*args.memory_worker, args.quick, args.dtype)
+        _memory_worker(*args.memory_worker, args.quick, args.dtype, args.batch)
         return None
     t0 = time.perf_counter()
+    if args.batch is not None and args.batch < 1:
+        p.error(f"--batch {args.batch}: give a positive number of sequences per step")
     payload = bench_train(args.setups, quick=args.quick, runs=args.runs or (3 if args.quick else 5),
-                          memory=not args.no_memory, dtype=args.dtype)
+                          memory=not args.no_memory, dtype=args.dtype,
+                          shape=None if args.batch is None else {"batch": args.batch})
     payload["wall_s"] = time.perf_counter() - t0
     print(f"training throughput (fwd+bwd+Adam, {args.dtype}), median of {payload['runs']} alternating steps; "
-          f"MFU vs the {args.dtype} matmul FLOP/s measured in the same rounds (peak_gflops)")
+          f"MFU vs the fastest {args.dtype} matmul FLOP/s measured in the same rounds (peak_gflops)")
     name = "train_throughput" if args.dtype == "float32" else f"train_throughput_{args.dtype}"
+    name += "" if args.batch is None else f"-batch{args.batch}"
     benchlib.report(name, payload, COLUMNS, args.quick)
     return payload
 

@@ -5,6 +5,7 @@ They check what makes a comparison valid (same weights, same output lengths, mat
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import math
 import os
@@ -44,6 +45,26 @@ def test_alternate_interleaves_and_table_formats() -> None:
     assert benchlib.peak_rss_mb() > 0
 
 
+def test_alternate_starts_every_timed_run_with_the_garbage_collector_settled() -> None:
+    """Garbage one contender leaves (here 600 reference cycles, under the collector's first threshold) is collected
+    before the next timed run, not inside it; what was alive after the warm-up is frozen."""
+    young_at_start: list[int] = []
+
+    def litter() -> None:
+        for _ in range(600):
+            cycle: list = []
+            cycle.append(cycle)
+
+    try:
+        benchlib.alternate({"litter": litter, "probe": lambda: young_at_start.append(gc.get_count()[0])},
+                           runs=3, warmup=1)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    timed = young_at_start[1:]  # the first call is the warm-up's
+    assert len(timed) == 3 and max(timed) < 50, young_at_start
+
+
 def test_matmul_peak_counts_flops() -> None:
     out = matmul_peak.matmul_peak(n=64, runs=2, warmup=0)
     assert out["median_flops"] > 0 and out["best_flops"] >= out["median_flops"]
@@ -57,6 +78,12 @@ def test_matmul_peak_counts_flops() -> None:
     reference = products["torch.mm"]().clone()
     for name, fn in products.items():  # every library times the same product
         torch.testing.assert_close(fn(), reference, msg=name)
+
+
+def test_peak_flops_by_median_or_by_fastest_product() -> None:
+    times = {"torch.mm": [2.0, 1.0, 3.0], "onednn": [1.5, 1.5, 1.5], "aiayn": [0.1]}  # other contenders ignored
+    assert matmul_peak.peak_flops(10, times) == (2000 / 1.5, "onednn")
+    assert matmul_peak.peak_flops(10, times, fastest=True) == (2000 / 1.0, "torch.mm")
 
 
 def test_gpt2_weight_copy_gives_the_same_model() -> None:
@@ -202,8 +229,8 @@ def test_profile_summary_fields() -> None:
 
 
 def test_train_step_profile_splits_kernel_time() -> None:
-    row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True)
-    assert row["matmul_ms"] > 0 and row["other_ms"] > 0 and row["attention_ms"] > 0
+    row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True, batch=12)  # the setup's own is 8
+    assert row["batch"] == 12 and row["matmul_ms"] > 0 and row["other_ms"] > 0 and row["attention_ms"] > 0
     assert 0 < row["mfu"] < row["matmul_only_mfu"]  # the same FLOPs over less time
 
 
@@ -220,6 +247,17 @@ def test_memory_worker_reports_peak_rss() -> None:
     finally:
         torch.set_num_threads(threads)
     assert mem["peak_rss_mb"] > mem["delta_rss_mb"] > 0
+
+
+def test_train_bench_batch_override_reaches_the_memory_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(train_throughput.SETUPS, "lm-gpt2-small",
+                        {**train_throughput.SETUPS["lm-gpt2-small"], "impls": ("aiayn",)})
+    out = train_throughput.bench_train(["lm-gpt2-small"], quick=True, runs=1, warmup=0, memory=True,
+                                       shape={"batch": 3}, peak_flops=1e9)
+    assert [(r["impl"], r["batch"]) for r in out["rows"]] == [("aiayn", 3)]
+    assert out["rows"][0]["peak_rss_mb"] > 0
+    with pytest.raises(ValueError, match="only a batch size"):
+        train_throughput.bench_train(["lm-gpt2-small"], quick=True, memory=True, shape={"batch": 3, "tgt": 8})
 
 
 def test_train_bench_torch_dropout_variant_swaps_dropout_and_chunks_back() -> None:
@@ -244,6 +282,10 @@ def test_cpu_train_kernels_bench_runs() -> None:
     (row,) = out["rows"]
     assert row["dropout_speedup"] > 0 and row["loss_512_rows_ms"] > 0 and row["loss_one_chunk_ms"] > 0
     assert row["loss_512_rows_faults"] >= 0
+    attention = out["attention_rows"]
+    assert [(r["keys"], r["mask"]) for r in attention] == [(16, "causal"), (16, "padding"), (32, "causal"),
+                                                            (32, "padding")]
+    assert all(r["flash_ms"] > 0 and r["two_matmuls_ms"] > 0 and r["served_by_two_matmuls"] for r in attention)
 
 
 def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
