@@ -74,6 +74,21 @@ def add_common_args(parser: argparse.ArgumentParser, runs: int | None = 5, mallo
         parser.add_argument("--runs", type=int, default=None, help=f"timed runs each (default {runs})")
 
 
+def add_batch_arg(parser: argparse.ArgumentParser, results: str) -> None:
+    """Add ``--batch N`` (a positive number of sequences per step instead of each setup's own); ``results``: the
+    results' file name, for the help text."""
+    parser.add_argument("--batch", type=_positive_int, default=None,
+                        help=f"sequences per step for every setup run, instead of each setup's own; results go to "
+                             f"{results}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give a positive number of sequences per step")
+    return value
+
+
 def add_malloc_arg(parser: argparse.ArgumentParser) -> None:
     """Add ``--malloc`` (see ``MALLOC_ENV``)."""
     parser.add_argument("--malloc", choices=MALLOC_SETTINGS, action=_MallocAction, default=None,

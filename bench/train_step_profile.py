@@ -94,11 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     benchlib.add_common_args(p, runs=None)
     p.add_argument("--setups", nargs="+", choices=list(train_throughput.SETUPS), default=None)
     p.add_argument("--steps", type=int, default=3, help="profiled steps per setup (and as many timed without)")
-    p.add_argument("--batch", type=int, default=None,
-                   help="sequences per step instead of each setup's own (train_step_profile-batch<N>.json)")
+    benchlib.add_batch_arg(p, "train_step_profile-batch<N>.json")
     args = p.parse_args(argv)
-    if args.batch is not None and args.batch < 1:
-        p.error(f"--batch {args.batch}: give a positive number of sequences per step")
     benchlib.setup(args.threads)
     setups, t0 = args.setups or list(train_throughput.SETUPS), time.perf_counter()
     payload: dict[str, Any] = {"steps": args.steps,

@@ -314,9 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: every implementation under torch.autocast, MFU against the bf16 matmul peak; "
                         "results go to train_throughput_bfloat16.json")
-    p.add_argument("--batch", type=int, default=None,
-                   help="sentences (sequences) per step for every setup run, instead of each setup's own; results go "
-                        "to train_throughput[_bfloat16]-batch<N>.json")
+    benchlib.add_batch_arg(p, "train_throughput[_bfloat16]-batch<N>.json")
     p.add_argument("--memory-worker", nargs=2, metavar=("SETUP", "IMPL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
@@ -324,8 +322,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         _memory_worker(*args.memory_worker, args.quick, args.dtype, args.batch)
         return None
     t0 = time.perf_counter()
-    if args.batch is not None and args.batch < 1:
-        p.error(f"--batch {args.batch}: give a positive number of sequences per step")
     payload = bench_train(args.setups, quick=args.quick, runs=args.runs or (3 if args.quick else 5),
                           memory=not args.no_memory, dtype=args.dtype,
                           shape=None if args.batch is None else {"batch": args.batch})

@@ -100,20 +100,21 @@ def scaled_dot_product_attention(
     if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
         # a CPU decoding step: the flash kernel or two matmuls, whichever this host measured faster for the shape
         out = decode_attention.few_query_attention(q, k, v, mask, scale)
-    elif short_attention.applies(q, k, v):
-        # CPU training over at most 64 keys: two matmuls beat the flash kernel's per-block work
-        with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
-            out = short_attention.attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, bias, dropout_p,
-                                            is_causal, scale).to(q.dtype)
     else:
-        attn_mask: Tensor | None = mask
-        if bias is not None:
-            attn_mask = bias.to(dtype)
-            if mask is not None:
-                attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
         with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=attn_mask,
-                                                 dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
+            qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+            if short_attention.applies(q, k, v):
+                # CPU training over at most 64 keys: two matmuls beat the flash kernel's per-block work
+                out = short_attention.attention(qd, kd, vd, mask, bias, dropout_p, is_causal, scale)
+            else:
+                attn_mask: Tensor | None = mask
+                if bias is not None:
+                    attn_mask = bias.to(dtype)
+                    if mask is not None:
+                        attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
+                out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                     is_causal=is_causal, scale=scale)
+        out = out.to(q.dtype)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, None
@@ -128,8 +129,7 @@ def _cpu_training_in_low_precision(q: Tensor, k: Tensor, v: Tensor) -> bool:
     low-precision dtype as autocast would. Inference keeps the low-precision kernel: a decoding step over a cache
     would cast the whole cache every step.
     """
-    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad))
+    return q.dtype in (torch.bfloat16, torch.float16) and short_attention.cpu_training(q, k, v)
 
 
 def fold_queries(q: Tensor, group: int) -> Tensor:

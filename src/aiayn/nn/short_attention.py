@@ -24,11 +24,17 @@ from torch import Tensor
 MAX_KEYS = 64
 
 
-def applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether :func:`attention` should serve this call: CPU tensors, at most :data:`MAX_KEYS` keys, and a
-    gradient to compute (training; inference keeps torch's kernels, see :mod:`aiayn.nn.decode_attention`)."""
-    return (q.device.type == "cpu" and k.shape[-2] <= MAX_KEYS and torch.is_grad_enabled()
+def cpu_training(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether attention of these CPU tensors is about to run with a backward pass (autograd on, an input needing
+    a gradient)."""
+    return (q.device.type == "cpu" and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
+def applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether :func:`attention` should serve this call: at most :data:`MAX_KEYS` keys, CPU training
+    (:func:`cpu_training`; inference keeps torch's kernels, see :mod:`aiayn.nn.decode_attention`)."""
+    return k.shape[-2] <= MAX_KEYS and cpu_training(q, k, v)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
