@@ -11,9 +11,9 @@ For each ``train_throughput.py`` setup, aiayn's step (forward, fused loss, backw
   gradient, Adam, copies); the step's wall time minus the three is Python and autograd bookkeeping.
 
 ``mfu`` is the step's model FLOPs utilization as ``train_throughput.py`` computes it (3 x forward FLOPs per target
-token, against a 2048^3 matmul timed in the same process just before); ``matmul_only_mfu`` is the same FLOPs over
-``matmul_ms`` alone: the ceiling of a step whose every other kernel and line of Python took no time. Where it is
-below a target, only faster matmuls at these shapes can reach it.
+token, against the fastest of a few 2048^3 matmuls timed in the same process just before); ``matmul_only_mfu`` is
+the same FLOPs over ``matmul_ms`` alone: the ceiling of a step whose every other kernel and line of Python took no
+time. Where it is below a target, only faster matmuls at these shapes can reach it.
 
     .venv/bin/python bench/train_step_profile.py
     .venv/bin/python bench/train_step_profile.py --setups seq2seq-paper-base --steps 5
@@ -67,7 +67,7 @@ def profile_setup(setup: str, steps: int, quick: bool = False, batch: int | None
     for _ in range(2):
         step()
     n = 1024 if quick else 2048
-    peak = matmul_peak.matmul_peak(n, runs=5, warmup=1)["median_flops"]
+    peak = matmul_peak.matmul_peak(n, runs=5, warmup=1)["best_flops"]
     start = time.perf_counter()
     for _ in range(steps):
         step()
