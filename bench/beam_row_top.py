@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -28,6 +29,7 @@ import benchlib  # noqa: E402
 from translate_beam import BOS, EOS, PAD, SIZES, EosMask, Seq2SeqSize, aiayn_model  # noqa: E402
 
 import aiayn.generate.beam as beam_module  # noqa: E402
+from aiayn import native  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
 from aiayn.generate.topk import row_topk, row_topk_reference  # noqa: E402
 
@@ -56,17 +58,11 @@ def time_case(size: Seq2SeqSize, model: torch.nn.Module, batch: int, runs: int) 
     fns = {"kernel_torch": lambda: row_topk_reference(log_probs, 2 * BEAM),
            "kernel_aiayn": lambda: row_topk(log_probs, 2 * BEAM),
            "decode_torch": decode("torch", row_topk_reference), "decode_aiayn": decode("aiayn", row_topk)}
-    native_setting = os.environ.get("AIAYN_NATIVE")
-    os.environ["AIAYN_NATIVE"] = "0"  # the torch paths, whose top-k this compares
-    try:
-        with mask:
+    try:  # AIAYN_NATIVE=0: the torch paths, whose top-k this compares
+        with mask, mock.patch.dict(os.environ, {native.ENV_VAR: "0"}):
             times = benchlib.alternate(fns, runs=runs, warmup=1)
     finally:
         beam_module.row_topk = row_topk
-        if native_setting is None:
-            del os.environ["AIAYN_NATIVE"]
-        else:
-            os.environ["AIAYN_NATIVE"] = native_setting
     row: dict[str, Any] = {"size": size.name, "batch": batch, "vocab": size.vocab_size}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
     row["kernel_speedup"] = row["kernel_torch_ms"] / row["kernel_aiayn_ms"]

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.nn.masks import causal_mask
+
 #: key counts up to this train through :func:`attention` on the CPU
 MAX_KEYS = 64
 
@@ -77,6 +79,4 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 @functools.lru_cache(maxsize=32)
 def _causal_additive(t: int, s: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(T, S) 0 / -inf: query i sees keys up to i + S - T (queries aligned to the end of the keys)."""
-    from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
-
     return additive_mask(causal_mask(t, s, device=device), dtype)
