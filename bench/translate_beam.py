@@ -40,6 +40,7 @@ and that process's order of contenders would decide the result.
 
     .venv/bin/python bench/translate_beam.py          # multi30k and paper-base sizes, batch 1 and 32
     .venv/bin/python bench/translate_beam.py --quick
+    .venv/bin/python bench/translate_beam.py --sizes multi30k --batches 16 --threads 1   # per core
 """
 
 from __future__ import annotations
@@ -361,7 +362,10 @@ def child(name: str, size: Seq2SeqSize, batches: list[int], workdir: Path, runs:
     return benchlib.run_json_child(cmd)
 
 
-def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = (1, 32),
+DEFAULT_BATCHES = (1, 32)
+
+
+def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = DEFAULT_BATCHES,
                     src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
                     threads: int = benchlib.THREADS) -> dict[str, Any]:
     """The whole benchmark over sizes x batch sizes. Each contender runs in its own subprocess, ``rounds`` times in
@@ -408,6 +412,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--runs", type=int, default=None, help="timed decodes per turn after a warm-up (default 2)")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
     p.add_argument("--rounds", type=int, default=None, help="turns of every contender's subprocess (default 3)")
+    p.add_argument("--batches", nargs="+", type=int, default=None,
+                   help="sentences per decode (default 1 and 32); other batch sizes or --threads write "
+                        "translate_beam-batch<N>[-<N>...]-threads<T>.json")
     p.add_argument("--child", metavar="CONTENDER", choices=CONTENDERS, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -420,15 +427,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     t0 = time.perf_counter()
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
-    payload = bench_translate([SIZES[n] for n in names], rounds=args.rounds or (2 if args.quick else 3),
-                              runs=args.runs or 2, threads=args.threads)
+    batches = tuple(args.batches or DEFAULT_BATCHES)
+    if min(batches) < 1:
+        p.error(f"--batches {' '.join(map(str, batches))}: give positive numbers of sentences")
+    payload = bench_translate([SIZES[n] for n in names], batches=batches,
+                              rounds=args.rounds or (2 if args.quick else 3), runs=args.runs or 2,
+                              threads=args.threads)
     payload["wall_s"] = time.perf_counter() - t0
     print(f"beam-4 translation (alpha 0.6), each system in its own process; median of {payload['rounds']} rounds "
           f"x {payload['runs_per_round']} runs; sentences/s")
     print(benchlib.table(payload["rows"], COLUMNS))
     for r in payload["rows"]:
         print(f"  {r['size']} batch {r['batch']}: output lengths incl. EOS/last step {r['out_lengths']}")
-    path = benchlib.write_results("translate_beam", payload, quick=args.quick)
+    name = "translate_beam"
+    if batches != DEFAULT_BATCHES or args.threads != benchlib.THREADS:
+        name += f"-batch{'-'.join(map(str, batches))}-threads{args.threads}"
+    path = benchlib.write_results(name, payload, quick=args.quick)
     print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 
