@@ -405,6 +405,13 @@ COLUMNS = ["size", "batch", "src_len", "steps", "aiayn_sent_s", "hf_sent_s", "ct
            "fp32_bound_vs_hf"]
 
 
+def results_name(batches: tuple[int, ...], threads: int) -> str:
+    """The results file's stem: ``translate_beam`` for the default batches and threads, else one naming both."""
+    if batches == DEFAULT_BATCHES and threads == benchlib.THREADS:
+        return "translate_beam"
+    return f"translate_beam-batch{'-'.join(map(str, batches))}-threads{threads}"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """CLI entry point: run, print the table, write ``bench/results/translate_beam.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -418,6 +425,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--child", metavar="CONTENDER", choices=CONTENDERS, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    batches = tuple(args.batches or DEFAULT_BATCHES)
+    if min(batches) < 1:
+        p.error(f"--batches {' '.join(map(str, batches))}: give positive numbers of sentences")
     benchlib.setup(args.threads)
     if args.child:
         spec = json.loads(args.spec)
@@ -427,9 +437,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     t0 = time.perf_counter()
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
-    batches = tuple(args.batches or DEFAULT_BATCHES)
-    if min(batches) < 1:
-        p.error(f"--batches {' '.join(map(str, batches))}: give positive numbers of sentences")
     payload = bench_translate([SIZES[n] for n in names], batches=batches,
                               rounds=args.rounds or (2 if args.quick else 3), runs=args.runs or 2,
                               threads=args.threads)
@@ -439,10 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(benchlib.table(payload["rows"], COLUMNS))
     for r in payload["rows"]:
         print(f"  {r['size']} batch {r['batch']}: output lengths incl. EOS/last step {r['out_lengths']}")
-    name = "translate_beam"
-    if batches != DEFAULT_BATCHES or args.threads != benchlib.THREADS:
-        name += f"-batch{'-'.join(map(str, batches))}-threads{args.threads}"
-    path = benchlib.write_results(name, payload, quick=args.quick)
+    path = benchlib.write_results(results_name(batches, args.threads), payload, quick=args.quick)
     print(f"written {path} ({payload['wall_s']:.0f} s)")
     return payload
 

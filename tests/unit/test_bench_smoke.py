@@ -137,6 +137,15 @@ def test_translate_bench_forces_equal_lengths() -> None:
         assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
 
 
+def test_translate_bench_batches_option_names_its_own_results(capsys: pytest.CaptureFixture[str]) -> None:
+    assert translate_beam.results_name(translate_beam.DEFAULT_BATCHES, benchlib.THREADS) == "translate_beam"
+    assert translate_beam.results_name((16,), 1) == "translate_beam-batch16-threads1"
+    assert translate_beam.results_name((1, 32), 1) == "translate_beam-batch1-32-threads1"
+    with pytest.raises(SystemExit):
+        translate_beam.main(["--batches", "0", "--sizes", "multi30k"])
+    assert "positive numbers of sentences" in capsys.readouterr().err
+
+
 def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None:
     size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
     a = ab_revisions.time_case(size, batch=2, runs=2, src_len=5, out_len=4)
