@@ -1,7 +1,8 @@
 """The two CPU training kernels aiayn replaces, against torch's own, at the shapes of the training benches.
 
-- Dropout: :func:`aiayn.nn.dropout.dropout` (mask from 64-bit words, four uniforms each) vs
-  ``torch.nn.functional.dropout``, on an activation of ``rows x 4 * d_model``.
+- Dropout: :func:`aiayn.nn.dropout.dropout` (through the native kernel where it is built) and its PyTorch path
+  (``dropout_multiplier``: a multiplier from 64-bit words, four uniforms each) vs ``torch.nn.functional.dropout``,
+  forward only, on an activation of ``rows x 4 * d_model``.
 - The fused projection + loss (:func:`aiayn.train.fused_loss.linear_label_smoothed_nll`, forward + backward) with
   chunks of 64 and 512 rows (512 is the CPU default) and with one large chunk (the accelerator default); and with
   512-row chunks under bf16 autocast (``loss_512_rows_bf16``: its matmuls in bf16).
@@ -37,7 +38,7 @@ import benchlib  # noqa: E402
 
 from aiayn.nn import short_attention  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
-from aiayn.nn.dropout import dropout  # noqa: E402
+from aiayn.nn.dropout import dropout, keep_scale  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
 # (name, rows, d_model, vocab, attention (batch, heads, length, head width)): tiny Multi30k recipe, paper-base,
@@ -70,7 +71,8 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
                else F.scaled_dot_product_attention(*qkv, is_causal=True))
         out.backward(torch.ones_like(out))
 
-    fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_torch": lambda: F.dropout(x, 0.1, True)}
+    fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_multiplier": lambda: x * keep_scale(x.shape, 0.1),
+           "dropout_torch": lambda: F.dropout(x, 0.1, True)}
     fns.update({k: (lambda c=c: loss(c)) for k, c in CHUNKS.items()})
     fns["loss_512_rows_bf16"] = lambda: loss(CHUNKS["loss_512_rows"], bf16=True)
     fns.update({"attn_fp32": lambda: attention(qkv32, False), "attn_bf16_torch": lambda: attention(qkv16, False),
@@ -128,7 +130,8 @@ def bench_kernels(quick: bool = False, runs: int = 7) -> dict:
     return {"runs": runs, "quick": quick, "rows": rows, "attention_rows": attention_rows}
 
 
-COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_torch_ms", "dropout_speedup",
+COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_multiplier_ms", "dropout_torch_ms",
+           "dropout_speedup",
            "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk", "loss_512_rows_faults",
            "loss_512_rows_bf16_ms", "attn_fp32_ms", "attn_bf16_torch_ms", "attn_bf16_aiayn_ms", "attn_bf16_speedup"]
 

@@ -1,7 +1,7 @@
-"""Native CPU kernels for decoding, compiled on first use from ``kernels.c`` and called through ``ctypes``.
+"""Native CPU kernels for decoding and dropout, compiled on first use from ``kernels.c``, called through ``ctypes``.
 
-Two decoding jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same
-data again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
+These jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same data
+again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
 
 - beam search's per-row top-k: ``log_softmax`` writes a whole (N, V) tensor, then a blocked top-k reads it again;
   :func:`row_top` reads each row twice (max and best entries, then the exp-sum) and writes only (N, n);
@@ -10,7 +10,11 @@ data again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
   (:class:`~aiayn.nn.cache.KVStore`);
 - a linear layer at a decoding step's few rows: :func:`rows_linear` streams the (column-major) weight once, each
   thread its own contiguous band of it, where oneDNN's and MKL's kernels read it at a lower rate
-  (:meth:`aiayn.nn.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows).
+  (:meth:`aiayn.nn.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows);
+- training's dropout: :func:`dropout` draws each element's 16-bit uniform from a counter-based generator
+  (SplitMix64 at the element's index), in parallel and in the same pass that scales the activation, where torch's
+  draws come one at a time from a Mersenne Twister; the backward pass draws the same numbers again instead of
+  keeping a mask (:mod:`aiayn.nn.dropout`).
 
 Each kernel has a plain-PyTorch reference here (``*_reference``); tests hold the two equal. The library is built
 with the C compiler ``$CC`` (default ``cc``) with ``-O3 -march=native`` and OpenMP, linked against the OpenMP runtime
@@ -18,7 +22,9 @@ torch loaded (so both share one thread pool), into a cache directory (``$AIAYN_N
 ``$XDG_CACHE_HOME/aiayn/native``, else ``~/.cache/aiayn/native``) keyed by the source, the flags, the compiler, the
 torch it links to and the CPU, once per machine (about 0.5 s). Without a compiler, on a build failure, or with
 ``AIAYN_NATIVE=0``, :func:`library` is None and callers keep their PyTorch paths: the kernels only ever make decoding
-faster, never different beyond float rounding. Only fp32 CPU tensors come here (:func:`cpu_fp32`).
+faster, never different beyond float rounding; dropout, the one exception, draws its masks from another stream
+than :mod:`aiayn.nn.dropout`'s PyTorch path (either is seeded by ``torch.manual_seed``, so a run repeats exactly on
+the same machine and settings). Only fp32 CPU tensors come here (:func:`cpu_fp32`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ _SIGNATURES = {
     "aiayn_few_query_attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I,
                                   _I, _I, _I, _I, _I, _I, _F, _I],
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
+    "aiayn_dropout": [_P, _P, _I, ctypes.c_uint64, _I, _F, _I],
 }
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
@@ -291,3 +298,56 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
 
     run.held = held  # type: ignore[attr-defined]
     return run
+
+
+# ---------------------------------------------------------------------------------------------------- dropout
+
+_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment
+_MASK64 = (1 << 64) - 1
+
+
+def dropout_threshold(p: float) -> int:
+    """The kernel's drop threshold: an element whose 16-bit uniform is below it is dropped, probability
+    ``round(p * 65536) / 65536`` (within 1/131072 of ``p``)."""
+    return round(p * 65536)
+
+
+def dropout_reference(x: Tensor, p: float, seed: int) -> Tensor:
+    """What :func:`dropout` computes, in NumPy's wrapping uint64 arithmetic: element i of ``x`` (in its contiguous
+    order) takes bits ``16 (i % 4) ..`` of SplitMix64's word ``i // 4 + 1`` seeded with ``seed``, and is zeroed where
+    that 16-bit uniform is below :func:`dropout_threshold`, else scaled by ``1 / (1 - p)``.
+
+    Args:
+        x: any shape, float.
+        p: drop probability in [0, 1).
+        seed: 0 <= seed < 2**64.
+    Returns:
+        a tensor like ``x``.
+    """
+    import numpy as np
+
+    n = x.numel()
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + np.arange(1, (n + 3) // 4 + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    uniform = (z[:, None] >> (np.uint64(16) * np.arange(4, dtype=np.uint64))) & np.uint64(0xFFFF)
+    keep = torch.from_numpy((uniform.reshape(-1)[:n] >= dropout_threshold(p)).copy()).view(x.shape)
+    return torch.where(keep, x * (1.0 / (1.0 - p)), torch.zeros((), dtype=x.dtype))
+
+
+def dropout(x: Tensor, p: float, seed: int, out: Tensor | None = None) -> Tensor:
+    """:func:`dropout_reference` by the native kernel: one parallel pass, no mask stored.
+
+    ``x``: contiguous fp32 CPU tensor (any shape); ``p`` in [0, 1); ``seed`` in [0, 2**64). ``out``: a contiguous
+    tensor like ``x`` to write into (``x`` itself for in place), else a new one. Call only where :func:`library` is
+    not None. Equal to the reference up to float rounding of the product.
+    """
+    if not x.is_contiguous():
+        raise ValueError("native dropout: x must be contiguous")
+    if out is None:
+        out = torch.empty_like(x)
+    library().aiayn_dropout(x.data_ptr(), out.data_ptr(), x.numel(), seed & _MASK64, dropout_threshold(p),
+                            1.0 / (1.0 - p), torch.get_num_threads())
+    return out

@@ -308,3 +308,67 @@ void aiayn_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const
             for (int64_t n = 0; n < N; n++) y[m * y_sm + n] = gelu(y[m * y_sm + n]);
     free(part);
 }
+
+/* ------------------------------------------------------------------------------------------------------ dropout */
+
+/* SplitMix64's output function (Steele, Lea and Flood, 2014): the n-th number of the generator seeded with s is
+ * mix64(s + n * 0x9E3779B97F4A7C15), so any stretch of the stream is computed without the numbers before it. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* out[i] = x[i] * scale, or 0 where element i is dropped, for i < n. Word w = mix64(seed + (w + 1) * golden) holds
+ * the 16-bit uniforms of elements 4w .. 4w+3 (lowest bits first); an element is dropped where its uniform is below
+ * `threshold` (0 .. 65536). The same seed drops the same elements, so the backward pass calls this again on the
+ * gradient instead of keeping a mask. x and out may be the same array. */
+void aiayn_dropout(const float* x, float* out, int64_t n, uint64_t seed, int64_t threshold, float scale,
+                   int64_t threads) {
+    const uint64_t golden = 0x9E3779B97F4A7C15ULL;
+    const uint32_t t = (uint32_t)threshold;
+    const int64_t words = n / 4;
+#if defined(__AVX512BW__) && defined(__AVX512DQ__)
+    /* 8 words at a time: their 32 16-bit pieces, in memory order, are the uniforms of 32 consecutive elements */
+    const int64_t blocks = words / 8;
+    const __m512i c1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i c2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i tv = _mm512_set1_epi16((short)(t > 0xFFFFu ? 0xFFFFu : t));
+    const __m512 sv = _mm512_set1_ps(scale);
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= (1 << 15))
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint64_t w0 = (uint64_t)b * 8;
+        __m512i z = _mm512_set_epi64((long long)(w0 + 8), (long long)(w0 + 7), (long long)(w0 + 6),
+                                     (long long)(w0 + 5), (long long)(w0 + 4), (long long)(w0 + 3),
+                                     (long long)(w0 + 2), (long long)(w0 + 1));
+        z = _mm512_add_epi64(_mm512_set1_epi64((long long)seed),
+                             _mm512_mullo_epi64(z, _mm512_set1_epi64((long long)golden)));
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), c1);
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), c2);
+        z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+        __mmask32 keep = _mm512_cmpge_epu16_mask(z, tv);
+        if (t > 0xFFFFu) keep = 0;
+        const float* xb = x + 32 * b;
+        float* ob = out + 32 * b;
+        _mm512_storeu_ps(ob, _mm512_maskz_mul_ps((__mmask16)keep, _mm512_loadu_ps(xb), sv));
+        _mm512_storeu_ps(ob + 16, _mm512_maskz_mul_ps((__mmask16)(keep >> 16), _mm512_loadu_ps(xb + 16), sv));
+    }
+    for (int64_t w = blocks * 8; w < words; w++) {  /* the last few whole words */
+#else
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= (1 << 15))
+    for (int64_t w = 0; w < words; w++) {
+#endif
+        uint64_t r = mix64(seed + (uint64_t)(w + 1) * golden);
+        for (int j = 0; j < 4; j++) {
+            uint32_t u = (uint32_t)(r >> (16 * j)) & 0xFFFFu;
+            out[4 * w + j] = u < t ? 0.0f : x[4 * w + j] * scale;
+        }
+    }
+    if (words * 4 < n) {  /* the last, partial word */
+        uint64_t r = mix64(seed + (uint64_t)(words + 1) * golden);
+        for (int64_t i = words * 4; i < n; i++) {
+            uint32_t u = (uint32_t)(r >> (16 * (i - words * 4))) & 0xFFFFu;
+            out[i] = u < t ? 0.0f : x[i] * scale;
+        }
+    }
+}
