@@ -38,7 +38,7 @@ import benchlib  # noqa: E402
 
 from aiayn.nn import short_attention  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
-from aiayn.nn.dropout import dropout, keep_scale  # noqa: E402
+from aiayn.nn.dropout import dropout, multiplier_dropout  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
 # (name, rows, d_model, vocab, attention (batch, heads, length, head width)): tiny Multi30k recipe, paper-base,
@@ -71,7 +71,7 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
                else F.scaled_dot_product_attention(*qkv, is_causal=True))
         out.backward(torch.ones_like(out))
 
-    fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_multiplier": lambda: x * keep_scale(x.shape, 0.1),
+    fns = {"dropout_aiayn": lambda: dropout(x, 0.1), "dropout_multiplier": lambda: multiplier_dropout(x, 0.1),
            "dropout_torch": lambda: F.dropout(x, 0.1, True)}
     fns.update({k: (lambda c=c: loss(c)) for k, c in CHUNKS.items()})
     fns["loss_512_rows_bf16"] = lambda: loss(CHUNKS["loss_512_rows"], bf16=True)

@@ -327,10 +327,10 @@ void aiayn_dropout(const float* x, float* out, int64_t n, uint64_t seed, int64_t
                    int64_t threads) {
     const uint64_t golden = 0x9E3779B97F4A7C15ULL;
     const uint32_t t = (uint32_t)threshold;
-    const int64_t words = n / 4;
+    int64_t first = 0;  /* the first word the plain loop below draws */
 #if defined(__AVX512BW__) && defined(__AVX512DQ__)
-    /* 8 words at a time: their 32 16-bit pieces, in memory order, are the uniforms of 32 consecutive elements */
-    const int64_t blocks = words / 8;
+    /* 8 whole words at a time: their 32 16-bit pieces, in memory order, are the uniforms of 32 consecutive elements */
+    const int64_t blocks = n / 32;
     const __m512i c1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
     const __m512i c2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
     const __m512i tv = _mm512_set1_epi16((short)(t > 0xFFFFu ? 0xFFFFu : t));
@@ -346,29 +346,22 @@ void aiayn_dropout(const float* x, float* out, int64_t n, uint64_t seed, int64_t
         z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), c1);
         z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), c2);
         z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
-        __mmask32 keep = _mm512_cmpge_epu16_mask(z, tv);
-        if (t > 0xFFFFu) keep = 0;
+        __mmask32 keep = t > 0xFFFFu ? 0 : _mm512_cmpge_epu16_mask(z, tv);
         const float* xb = x + 32 * b;
         float* ob = out + 32 * b;
         _mm512_storeu_ps(ob, _mm512_maskz_mul_ps((__mmask16)keep, _mm512_loadu_ps(xb), sv));
         _mm512_storeu_ps(ob + 16, _mm512_maskz_mul_ps((__mmask16)(keep >> 16), _mm512_loadu_ps(xb + 16), sv));
     }
-    for (int64_t w = blocks * 8; w < words; w++) {  /* the last few whole words */
-#else
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= (1 << 15))
-    for (int64_t w = 0; w < words; w++) {
+    first = blocks * 8;
 #endif
+    const int64_t words = (n + 3) / 4;  /* the last one may be partial */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n - 4 * first >= (1 << 15))
+    for (int64_t w = first; w < words; w++) {
         uint64_t r = mix64(seed + (uint64_t)(w + 1) * golden);
-        for (int j = 0; j < 4; j++) {
+        int64_t m = n - 4 * w < 4 ? n - 4 * w : 4;
+        for (int64_t j = 0; j < m; j++) {
             uint32_t u = (uint32_t)(r >> (16 * j)) & 0xFFFFu;
             out[4 * w + j] = u < t ? 0.0f : x[4 * w + j] * scale;
-        }
-    }
-    if (words * 4 < n) {  /* the last, partial word */
-        uint64_t r = mix64(seed + (uint64_t)(words + 1) * golden);
-        for (int64_t i = words * 4; i < n; i++) {
-            uint32_t u = (uint32_t)(r >> (16 * (i - words * 4))) & 0xFFFFu;
-            out[i] = u < t ? 0.0f : x[i] * scale;
         }
     }
 }

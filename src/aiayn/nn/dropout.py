@@ -47,8 +47,9 @@ def _uniform16(shape: torch.Size | tuple[int, ...], device: torch.device | str) 
 
 
 def _threshold(p: float) -> int:
-    """int16 threshold: a uniform int16 below it is dropped, probability ``round(p * 65536) / 65536``."""
-    return round(p * 65536) - _HALF
+    """int16 threshold: a uniform int16 below it is dropped, probability ``round(p * 65536) / 65536`` (the native
+    kernel's threshold, :func:`aiayn.native.dropout_threshold`, on int16's range)."""
+    return native.dropout_threshold(p) - _HALF
 
 
 def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> Tensor:
@@ -96,6 +97,11 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.dtype == torch.float32 and native.library() is not None:
         seed = int(torch.empty((), dtype=torch.int64).random_())  # one draw of the default generator
         return _SeededDropout.apply(x, p, seed)
+    return multiplier_dropout(x, p)
+
+
+def multiplier_dropout(x: Tensor, p: float) -> Tensor:
+    """:func:`dropout`'s PyTorch path on any device and dtype: ``x`` times :func:`keep_scale` (0 <= p < 1)."""
     return x * keep_scale(x.shape, p, x.dtype, x.device)
 
 
