@@ -82,6 +82,28 @@ def add_batch_arg(parser: argparse.ArgumentParser, results: str) -> None:
                              f"{results}")
 
 
+BF16_CHOICES = ("auto", "on", "off")
+
+
+def add_bf16_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--bf16 {auto,on,off}``: whether the decoding benchmarks time their bf16 contenders too."""
+    parser.add_argument("--bf16", choices=BF16_CHOICES, default="auto",
+                        help="time the bf16 contenders: auto (the default) only where this CPU multiplies bf16 "
+                             "natively (AVX512-BF16 / AMX, as oneDNN reports); elsewhere every system emulates bf16, "
+                             "several times slower than fp32, and those runs took most of the suite's time")
+
+
+def wants_bf16(choice: str) -> bool:
+    """``--bf16``'s answer: "on", "off", or for "auto" whether oneDNN multiplies bf16 natively on this CPU."""
+    if choice != "auto":
+        return choice == "on"
+    try:
+        from aiayn.nn.packed import onednn_bf16_available
+    except ImportError:  # older revisions, timed by ab_revisions.py
+        return False
+    return onednn_bf16_available()
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -154,13 +154,14 @@ def run_case(ours: DecoderModel, ours_int8: Any, hf: Any, batch: int, prompt_len
 
 
 def bench_generate(size: LMSize | None = None, batches: tuple[int, ...] = (1, 16), prompt_len: int = 16,
-                   new_tokens: int = 128, runs: int = 5, warmup: int = 1) -> dict[str, Any]:
-    """The whole benchmark: build the pair once, time every batch size. Returns the JSON payload."""
+                   new_tokens: int = 128, runs: int = 5, warmup: int = 1, bf16: bool = True) -> dict[str, Any]:
+    """The whole benchmark: build the pair once, time every batch size (the bf16 pair only when ``bf16``).
+    Returns the JSON payload."""
     size = size or LMSize()
     ours, hf = build_pair(size)
     ours_int8 = quantize_int8(ours)
-    ours_bf16 = cast_for_inference(copy.deepcopy(ours), torch.bfloat16)
-    hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    ours_bf16 = cast_for_inference(copy.deepcopy(ours), torch.bfloat16) if bf16 else None
+    hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16) if bf16 else None
     rows = [run_case(ours, ours_int8, hf, b, prompt_len, new_tokens, runs, warmup, ours_bf16, hf_bf16)
             for b in batches]
     return {"size": asdict(size), "runs": runs, "rows": rows}
@@ -177,13 +178,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p)  # --quick: 2 layers, 32 new tokens, 3 runs
     p.add_argument("--new-tokens", type=int, default=None)
+    benchlib.add_bf16_arg(p)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
     if args.quick:
-        payload = bench_generate(LMSize(n_layers=2), new_tokens=args.new_tokens or 32, runs=args.runs or 3)
+        payload = bench_generate(LMSize(n_layers=2), new_tokens=args.new_tokens or 32, runs=args.runs or 3,
+                                 bf16=benchlib.wants_bf16(args.bf16))
     else:
-        payload = bench_generate(new_tokens=args.new_tokens or 128, runs=args.runs or 5)
+        payload = bench_generate(new_tokens=args.new_tokens or 128, runs=args.runs or 5,
+                                 bf16=benchlib.wants_bf16(args.bf16))
     payload["wall_s"] = time.perf_counter() - t0
     print(f"greedy generation, GPT-2-like {payload['size']}, median of {payload['runs']} alternating runs")
     benchlib.report("generate_lm", payload, COLUMNS, args.quick)

@@ -367,10 +367,11 @@ DEFAULT_BATCHES = (1, 32)
 
 def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = DEFAULT_BATCHES,
                     src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
-                    threads: int = benchlib.THREADS) -> dict[str, Any]:
-    """The whole benchmark over sizes x batch sizes. Each contender runs in its own subprocess, ``rounds`` times in
-    turn (aiayn, its int8 and bf16, transformers in fp32 and bf16, CTranslate2 fp32 and int8, the matmul floor, then
-    again), ``runs`` timed decodes per batch size each time after one warm-up: ``rounds * runs`` times per median.
+                    threads: int = benchlib.THREADS, bf16: bool = True) -> dict[str, Any]:
+    """The whole benchmark over sizes x batch sizes (the bf16 contenders only when ``bf16``). Each contender runs in
+    its own subprocess, ``rounds`` times in turn (aiayn, its int8 and bf16, transformers in fp32 and bf16,
+    CTranslate2 fp32 and int8, the matmul floor, then again), ``runs`` timed decodes per batch size each time after
+    one warm-up: ``rounds * runs`` times per median.
     Returns the JSON payload.
     """
     sizes = sizes or list(SIZES.values())
@@ -382,7 +383,7 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
             has_ct2 = save_and_convert(hf, Path(tmp))
             names = [n for n in CONTENDERS if (has_ct2 or not n.startswith("ctranslate2"))
-                     and (cast_for_inference is not None or n != "aiayn-bf16")]
+                     and (bf16 and cast_for_inference is not None or not n.endswith("-bf16"))]
             del hf
             got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for _ in range(rounds):
@@ -422,6 +423,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--batches", nargs="+", type=int, default=None,
                    help="sentences per decode (default 1 and 32); other batch sizes or --threads write "
                         "translate_beam-batch<N>[-<N>...]-threads<T>.json")
+    benchlib.add_bf16_arg(p)
     p.add_argument("--child", metavar="CONTENDER", choices=CONTENDERS, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -439,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
     payload = bench_translate([SIZES[n] for n in names], batches=batches,
                               rounds=args.rounds or (2 if args.quick else 3), runs=args.runs or 2,
-                              threads=args.threads)
+                              threads=args.threads, bf16=benchlib.wants_bf16(args.bf16))
     payload["wall_s"] = time.perf_counter() - t0
     print(f"beam-4 translation (alpha 0.6), each system in its own process; median of {payload['rounds']} rounds "
           f"x {payload['runs_per_round']} runs; sentences/s")

@@ -17,7 +17,15 @@ from torch import nn
 from aiayn import ModelConfig, build_model
 from aiayn.generate import generate, translate
 from aiayn.nn import cpu_gemm
-from aiayn.nn.cpu_gemm import fp32_backend, linear, mm_nt, onednn_available, use_fp32_backend, weight_gradient
+from aiayn.nn.cpu_gemm import (
+    fp32_backend,
+    fp32_inference_backend,
+    linear,
+    mm_nt,
+    onednn_available,
+    use_fp32_backend,
+    weight_gradient,
+)
 from aiayn.nn.layout import cpu_inference_layout
 from aiayn.nn.packed import MIN_ONEDNN_MACS, MIN_ONEDNN_MACS_FEW_ROWS, PackedLinear, frozen_weights
 from aiayn.nn.quantize import quantize_int8
@@ -27,26 +35,33 @@ from aiayn.train.losses import label_smoothed_nll
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 
 
-def _auto(monkeypatch: pytest.MonkeyPatch, vendor: str, capability: str) -> str:
-    cpu_gemm._auto_backend.cache_clear()
+def _auto(monkeypatch: pytest.MonkeyPatch, vendor: str, capability: str) -> tuple[str, str]:
+    """(training backend, inference backend) chosen automatically on such a CPU."""
+    caches = (cpu_gemm._auto_backend, cpu_gemm._auto_inference_backend)
+    for cache in caches:
+        cache.cache_clear()
     monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.delenv(cpu_gemm.ENV_VAR, raising=False)
     try:
-        return fp32_backend()
+        return fp32_backend(), fp32_inference_backend()
     finally:
-        cpu_gemm._auto_backend.cache_clear()
+        for cache in caches:
+            cache.cache_clear()
 
 
 @needs_onednn
-def test_auto_picks_onednn_only_for_mkl_on_amd_with_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_trains_through_onednn_only_for_mkl_on_amd_with_avx512_and_decodes_through_it_on_amd(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
-    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == "onednn"
-    assert _auto(monkeypatch, "AuthenticAMD", "AVX2") == "torch"  # Zen 2/3: MKL's AVX2 path is the CPU's best
-    assert _auto(monkeypatch, "GenuineIntel", "AVX512") == "torch"
-    assert _auto(monkeypatch, "", "AVX512") == "torch"
-    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)  # another BLAS: leave it alone
-    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == "torch"
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == ("onednn", "onednn")
+    # Zen 2/3: MKL's AVX2 path trains fastest, but streams a decoding step's weights slowly
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX2") == ("torch", "onednn")
+    assert _auto(monkeypatch, "HygonGenuine", "AVX2") == ("torch", "onednn")
+    assert _auto(monkeypatch, "GenuineIntel", "AVX512") == ("torch", "torch")
+    assert _auto(monkeypatch, "", "AVX512") == ("torch", "torch")
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)  # another BLAS: leave training alone
+    assert _auto(monkeypatch, "AuthenticAMD", "AVX512") == ("torch", "onednn")
 
 
 def test_the_environment_and_the_context_override_auto(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,11 +69,14 @@ def test_the_environment_and_the_context_override_auto(monkeypatch: pytest.Monke
     assert fp32_backend() == "torch"
     monkeypatch.setenv(cpu_gemm.ENV_VAR, "onednn")
     assert fp32_backend() == ("onednn" if onednn_available() else "torch")
+    assert fp32_inference_backend() == fp32_backend()  # the override sets both
     with use_fp32_backend("torch"):
-        assert fp32_backend() == "torch"
+        assert fp32_backend() == fp32_inference_backend() == "torch"
     monkeypatch.setenv(cpu_gemm.ENV_VAR, "blas")
     with pytest.raises(ValueError, match="AIAYN_FP32_CPU_GEMM='blas': choose one of auto, onednn, torch"):
         fp32_backend()
+    with pytest.raises(ValueError, match="AIAYN_FP32_CPU_GEMM='blas'"):
+        fp32_inference_backend()
     with pytest.raises(ValueError, match="choose one of"):
         with use_fp32_backend("mkl"):
             pass

@@ -171,6 +171,24 @@ def test_rows_linear_equals_reference(m: int, k: int, n: int, activation: str | 
 
 
 @needs_native
+@pytest.mark.parametrize("m,d,v", [(1, 384, 5003), (4, 37, 1031), (3, 8, 3), (2, 512, 64), (1, 5, 1), (9, 64, 130)])
+def test_int8_screen_equals_reference(m: int, d: int, v: int) -> None:
+    g = torch.Generator().manual_seed(m * d + v)
+    x = torch.randn(m, d + 3, generator=g)[:, 3:]  # rows with a stride of their own
+    q = torch.randint(-127, 128, (v, d), generator=g, dtype=torch.int8)
+    q[0] = 127  # a same-sign row: the largest sum
+    scales = torch.rand(v, generator=g) / 100
+    want = native.int8_screen_reference(x.double(), q, scales.double())
+    torch.testing.assert_close(native.int8_screen(x, q, scales).double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        native.int8_screen(x, torch.zeros(4, d + 1, dtype=torch.int8)[:, :d], scales[:1].expand(4))  # strided
+    with pytest.raises(ValueError, match="do not fit"):
+        native.int8_screen(torch.randn(2, d + 1), q, scales)  # another width
+    with pytest.raises(ValueError, match="do not fit"):
+        native.int8_screen(x, q, scales.double())
+
+
+@needs_native
 def test_gelu_matches_torch_over_its_range() -> None:
     x = torch.linspace(-12, 12, 20001)
     got = native.rows_linear(x[:, None], torch.ones(1, 1), None, "gelu")[:, 0]

@@ -107,6 +107,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn import native
 from aiayn.generate.common import next_scores
 from aiayn.generate.topk import row_argmax
 from aiayn.nn.packed import onednn_bf16_available, pack_weight, packed_linear, weight_state
@@ -138,7 +139,8 @@ class Screen(NamedTuple):
         weight: (V, D) fp16 or int8, or oneDNN's prepacked bf16 copy (:func:`aiayn.nn.packed.pack_weight`).
         dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.int8``.
         bound: E: every screened logit of a unit-length input is within E of the exact one.
-        scales: (V,) bf16, the int8 screen's scale of each row (None for the others).
+        scales: (V,) the int8 screen's scale of each row: bf16 for torch's kernel, fp32 (the same values) for the
+            native one (:func:`int8_screen_kernel`); None for the others.
     """
 
     weight: Tensor
@@ -155,21 +157,35 @@ def screen_bound(max_row_norm: float, width: int, dtype: torch.dtype = torch.flo
     return (4 * u + 2 * width * u32) * max_row_norm + subnormal
 
 
-def int8_screen_bound(max_row_norm: float, max_error_norm: float, width: int) -> float:
-    """E for an int8 screen: bf16 input, int8 weight rows times bf16 scales (their largest distance from the fp32
-    rows ``max_error_norm``), fp32 sums of ``width`` products, bf16 results (derivation in the module docstring)."""
-    u, u32 = UNIT_ROUNDOFF[torch.bfloat16], 2.0 ** -24
+def int8_screen_bound(max_row_norm: float, max_error_norm: float, width: int, io_roundoff: float = 2.0 ** -8) -> float:
+    """E for an int8 screen: int8 weight rows times row scales (their largest distance from the fp32 rows
+    ``max_error_norm``), fp32 sums of ``width`` products, the input and the results rounded with unit roundoff
+    ``io_roundoff``: bf16's for torch's kernel, fp32's (2^-24) for the native one (derivation in the module
+    docstring)."""
+    u, u32 = io_roundoff, 2.0 ** -24
     m = max_row_norm + max_error_norm  # bounds every dequantized row's norm
     subnormal = 4 * math.sqrt(width) * SUBNORMAL_ERROR[torch.bfloat16] * (m + 1)
     return (1 + u) ** 2 * ((2 * u + 2 * width * u32) * m + max_error_norm) + subnormal
 
 
 @functools.cache
+def _torch_int8_kernel() -> bool:
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+def int8_screen_kernel() -> str | None:
+    """Which int8 screen product this CPU has: ``"torch"``, torch's weight-only int8 product
+    (``aten._weight_int8pack_mm``: bf16 input, fp32 sums, bf16 results) where it runs its AVX-512 form; else
+    ``"native"``, :func:`aiayn.native.int8_screen` (fp32 input, sums and results), where the native kernels are
+    built and on (``AIAYN_NATIVE``); else None (torch's kernel is scalar elsewhere)."""
+    if _torch_int8_kernel():
+        return "torch"
+    return "native" if native.library() is not None else None
+
+
 def int8_screen_available() -> bool:
-    """Whether torch's weight-only int8 product (``aten._weight_int8pack_mm``: bf16 input, fp32 sums) runs its
-    AVX-512 kernel on this CPU; elsewhere its speed was never measured, so no int8 screen."""
-    return (torch.backends.cpu.get_cpu_capability() == "AVX512"
-            and hasattr(torch.ops.aten, "_weight_int8pack_mm"))
+    """Whether this CPU has a fast int8 screen product (:func:`int8_screen_kernel`)."""
+    return int8_screen_kernel() is not None
 
 
 def _int8_screen(weight: Tensor) -> Screen | None:
@@ -187,6 +203,8 @@ def _int8_screen(weight: Tensor) -> Screen | None:
     q = torch.round(w / s).clamp_(-127, 127)
     error = float(torch.linalg.vector_norm(w - q * s, dim=1).max())  # q * s is exact in fp32, as the kernel has it
     q8 = q.to(torch.int8, memory_format=torch.contiguous_format)  # (the weight may be column-major)
+    if int8_screen_kernel() == "native":  # the same scales in fp32, exactly; fp32 input and results
+        return Screen(q8, torch.int8, int8_screen_bound(m, error, w.shape[1], 2.0 ** -24), scales.float())
     return Screen(q8, torch.int8, int8_screen_bound(m, error, w.shape[1]), scales)
 
 
@@ -212,8 +230,9 @@ def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dty
     form (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN`` up to ``INT8_MAX_WIDTH``, else
     fp16 at one row (and two without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies
     bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
-    if (rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS and int8_screen_available()
-            and (width is None or (width % INT8_ALIGN == 0 and width <= INT8_MAX_WIDTH))):
+    kernel = int8_screen_kernel() if rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS else None
+    if kernel is not None and (width is None or (width <= INT8_MAX_WIDTH
+                                                 and (kernel == "native" or width % INT8_ALIGN == 0))):
         return torch.int8
     if rows == 1 or (rows == 2 and not onednn_bf16_available()):
         return torch.float16 if weights >= MIN_FP16_SCREENED_WEIGHTS[rows] else None
@@ -227,6 +246,10 @@ def screened_logits(h: Tensor, screen: Screen) -> Tensor:
     an int8 screen)."""
     unit = h / torch.linalg.vector_norm(h, dim=1, keepdim=True)
     if screen.dtype == torch.int8:
+        if screen.scales.dtype == torch.float32:  # the native kernel's screen (_int8_screen)
+            # (the kernels switched off since the screen was made: their reference, slowly)
+            product = native.int8_screen if native.library() is not None else native.int8_screen_reference
+            return product(unit, screen.weight, screen.scales)
         return torch.ops.aten._weight_int8pack_mm(unit.to(torch.bfloat16), screen.weight, screen.scales)
     unit = unit.to(screen.dtype)
     if screen.dtype == torch.bfloat16:

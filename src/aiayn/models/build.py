@@ -15,8 +15,9 @@ from aiayn.nn.packed import use_fast_cpu_linears
 def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
     """Build (and initialize) the model that ``config.arch`` names.
 
-    Where oneDNN is the faster fp32 CPU matmul library (AMD CPUs with AVX-512, :mod:`aiayn.nn.cpu_gemm`), the
-    linear layers are :class:`aiayn.nn.packed.PackedLinear` (same parameters and ``state_dict``).
+    Where oneDNN is the faster fp32 CPU matmul library for training or for decoding (AMD CPUs,
+    :mod:`aiayn.nn.cpu_gemm`), the linear layers are :class:`aiayn.nn.packed.PackedLinear` (same parameters and
+    ``state_dict``).
 
     Returns:
         :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`.
@@ -30,4 +31,4 @@ def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
         model = EncoderDecoderModel(config, enc_alpha=alphas["encoder"][0], dec_alpha=alphas["decoder"][0])
     if init:
         init_weights(model, config)
-    return use_fast_cpu_linears(model)  # oneDNN for fp32 CPU matmuls where it beats torch's BLAS (nn.cpu_gemm)
+    return use_fast_cpu_linears(model)  # oneDNN for fp32 CPU products where it beats torch's BLAS (nn.cpu_gemm)

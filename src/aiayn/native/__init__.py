@@ -53,6 +53,7 @@ _SIGNATURES = {
                                   _I, _I, _I, _I, _I, _I, _F, _I],
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
     "aiayn_dropout": [_P, _P, _I, ctypes.c_uint64, _I, _F, _I],
+    "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
 }
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
@@ -298,6 +299,38 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
 
     run.held = held  # type: ignore[attr-defined]
     return run
+
+
+# ---------------------------------------------------------------------------------------------------- int8 screen
+
+def int8_screen_reference(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
+    """Rows times an int8 weight with row scales, in PyTorch: x (M, D) float, q (V, D) int8, scales (V,) ->
+    (M, V) in x's dtype, ``(x @ q.T) * scales``."""
+    return (x @ q.to(x.dtype).T) * scales
+
+
+def int8_screen(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
+    """:func:`int8_screen_reference` by the native kernel, reading the int8 weight once per row (a quarter of an fp32
+    weight's bytes): greedy search's int8 screen (:mod:`aiayn.generate.screened_argmax`) where torch's own int8
+    kernel is not vectorized.
+
+    ``x``: (M, D) fp32, contiguous last dimension (any M; built for greedy search's one to a few rows: each group of
+    four weight rows is read from memory once and then from the cache for every input row); ``q``: (V, D) int8,
+    contiguous; ``scales``: (V,) fp32, contiguous. The int8 values widen to fp32 exactly; the sums are fp32 (each
+    product fused into them where the CPU has FMA), in another order than the reference's. Call only where
+    :func:`library` is not None.
+    """
+    m, d = x.shape
+    if not (x.stride(1) == 1 and q.is_contiguous() and q.dtype == torch.int8
+            and q.shape[1] == d and scales.is_contiguous() and scales.dtype == torch.float32
+            and scales.shape == (q.shape[0],)):
+        raise ValueError(f"native int8 screen: x {tuple(x.shape)} (contiguous rows), "
+                         f"q {tuple(q.shape)} {q.dtype} (contiguous int8, as wide as x) and scales "
+                         f"{tuple(scales.shape)} {scales.dtype} (one fp32 per row of q) do not fit")
+    out = x.new_empty(m, q.shape[0])
+    library().aiayn_int8_screen(x.data_ptr(), x.stride(0), m, d, q.data_ptr(), scales.data_ptr(), q.shape[0],
+                                out.data_ptr(), out.stride(0), torch.get_num_threads())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- dropout

@@ -5,7 +5,9 @@
  *   aiayn_row_top             a row's log-sum-exp and its n best entries in two passes over the row;
  *   aiayn_few_query_attention one decoding step's attention (self- or cross-), vectorized, optionally through
  *                             a table of cache rows (beam search's reordering without copying the cache);
- *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once.
+ *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once;
+ *   aiayn_int8_screen         a few rows times an int8 copy of an output layer with row scales (greedy's screen);
+ *   aiayn_dropout             training's dropout, its uniforms drawn from a counter-based generator in the pass.
  * Threads: OpenMP, the same runtime as torch's (the library is linked against the libgomp torch loaded).
  */
 #include <math.h>
@@ -309,6 +311,53 @@ void aiayn_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const
     free(part);
 }
 
+/* ----------------------------------------------------------------------------------------------- int8 screen */
+
+/* out[m, v] = scales[v] * sum_j q[v, j] x[m, j] for the M <= 4 rows of x (fp32, row stride x_sm) and the V int8 rows
+ * of q (contiguous, D columns): greedy search's int8 screen of an output layer (aiayn.generate.screened_argmax), where
+ * the int8 copy is a quarter of the fp32 weight's bytes. Each weight value is widened to fp32 (exact) and the sums are
+ * fp32. Weight rows go four at a time, so that a single input row still keeps four independent sums in flight;
+ * threads take contiguous bands of weight rows. */
+#if defined(__AVX512F__)  /* VW int8 values widened to fp32 (exactly): sign-extend, then convert, in registers */
+static inline vf widen(const int8_t* p) {
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+#elif defined(__AVX2__)
+static inline vf widen(const int8_t* p) {
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+#else
+typedef int8_t vq __attribute__((vector_size(VW), aligned(1), may_alias));
+static inline vf widen(const int8_t* p) { return __builtin_convertvector(*(const vq*)p, vf); }
+#endif
+
+void aiayn_int8_screen(const float* x, int64_t x_sm, int64_t M, int64_t D, const int8_t* q, const float* scales,
+                       int64_t V, float* out, int64_t out_sm, int64_t threads) {
+    const int64_t Dv = D / VW * VW;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && V * D >= (1 << 16))
+    for (int64_t v0 = 0; v0 < V; v0 += 4) {
+        const int64_t nv = V - v0 < 4 ? V - v0 : 4;
+        const int8_t* w[4];
+        for (int i = 0; i < 4; i++) w[i] = q + (v0 + (i < nv ? i : 0)) * D;  /* a short last group repeats a row */
+        for (int64_t m = 0; m < M; m++) {
+            const float* xm = x + m * x_sm;
+            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int64_t j = 0; j < Dv; j += VW) {
+                const vf xv = *(const vf*)(xm + j);
+                a0 += widen(w[0] + j) * xv;
+                a1 += widen(w[1] + j) * xv;
+                a2 += widen(w[2] + j) * xv;
+                a3 += widen(w[3] + j) * xv;
+            }
+            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+            for (int i = 0; i < nv; i++) {
+                for (int64_t j = Dv; j < D; j++) s[i] += (float)w[i][j] * xm[j];
+                out[m * out_sm + v0 + i] = s[i] * scales[v0 + i];
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------------ dropout */
 
 /* SplitMix64's output function (Steele, Lea and Flood, 2014): the n-th number of the generator seeded with s is
@@ -318,6 +367,15 @@ static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
+
+#if defined(__AVX2__) && !(defined(__AVX512BW__) && defined(__AVX512DQ__))
+/* The low 64 bits of a * b in each of 4 lanes (AVX-512DQ's vpmullq), from 32-bit products: b is a constant. */
+static inline __m256i mullo64(__m256i a, __m256i b) {
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
+                                           _mm256_mul_epu32(a, _mm256_srli_epi64(b, 32)));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, b), _mm256_slli_epi64(cross, 32));
+}
+#endif
 
 /* out[i] = x[i] * scale, or 0 where element i is dropped, for i < n. Word w = mix64(seed + (w + 1) * golden) holds
  * the 16-bit uniforms of elements 4w .. 4w+3 (lowest bits first); an element is dropped where its uniform is below
@@ -351,6 +409,34 @@ void aiayn_dropout(const float* x, float* out, int64_t n, uint64_t seed, int64_t
         float* ob = out + 32 * b;
         _mm512_storeu_ps(ob, _mm512_maskz_mul_ps((__mmask16)keep, _mm512_loadu_ps(xb), sv));
         _mm512_storeu_ps(ob + 16, _mm512_maskz_mul_ps((__mmask16)(keep >> 16), _mm512_loadu_ps(xb + 16), sv));
+    }
+    first = blocks * 8;
+#elif defined(__AVX2__)
+    /* 8 whole words at a time, in two registers of 4: their 32 16-bit pieces, in memory order, are the uniforms of 32
+     * consecutive elements. AVX2 has no 64-bit product, so mullo64 builds one from three 32-bit ones. */
+    const int64_t blocks = n / 32;
+    const __m256i c1 = _mm256_set1_epi64x((long long)0xBF58476D1CE4E5B9ULL);
+    const __m256i c2 = _mm256_set1_epi64x((long long)0x94D049BB133111EBULL);
+    const __m256i steps = _mm256_set_epi64x((long long)(3 * golden), (long long)(2 * golden), (long long)golden, 0);
+    const __m256i tv = _mm256_set1_epi16((short)(t > 0xFFFFu ? 0xFFFFu : t));
+    const __m256i live = _mm256_set1_epi16(t > 0xFFFFu ? 0 : -1);  /* t = 65536 drops everything */
+    const __m256 sv = _mm256_set1_ps(scale);
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= (1 << 15))
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint64_t w0 = (uint64_t)b * 8;
+        for (int h = 0; h < 2; h++) {  /* words w0 + 4h .. w0 + 4h + 3: elements 32b + 16h .. 32b + 16h + 15 */
+            __m256i z = _mm256_add_epi64(_mm256_set1_epi64x((long long)(seed + (w0 + 4 * h + 1) * golden)), steps);
+            z = mullo64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), c1);
+            z = mullo64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), c2);
+            z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+            const __m256i keep = _mm256_and_si256(live, _mm256_cmpeq_epi16(_mm256_max_epu16(z, tv), z));  /* u >= t */
+            const float* xb = x + 32 * b + 16 * h;
+            float* ob = out + 32 * b + 16 * h;
+            const __m256 k0 = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep)));
+            const __m256 k1 = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1)));
+            _mm256_storeu_ps(ob, _mm256_and_ps(k0, _mm256_mul_ps(_mm256_loadu_ps(xb), sv)));
+            _mm256_storeu_ps(ob + 8, _mm256_and_ps(k1, _mm256_mul_ps(_mm256_loadu_ps(xb + 8), sv)));
+        }
     }
     first = blocks * 8;
 #endif

@@ -11,7 +11,18 @@ products of decoding, so nothing changes there.
 
 :func:`fp32_backend` is the policy: ``"onednn"`` where it wins (AMD CPU with AVX-512, an MKL build of torch and
 oneDNN present), else ``"torch"``; the environment variable ``AIAYN_FP32_CPU_GEMM`` (``auto``, ``onednn``,
-``torch``) or :func:`use_fp32_backend` overrides it. Where the policy says oneDNN:
+``torch``) or :func:`use_fp32_backend` overrides it.
+
+Decoding has a policy of its own, :func:`fp32_inference_backend`: its products have a few rows (a step's batch x
+beams) times weights read from memory, where MKL's kernels stream the weights far below the memory's rate on AMD
+CPUs, AVX-512 or not. On a 2-core AMD EPYC Zen 3 (AVX2 only; MKL 146 against oneDNN 121 GFLOP/s at 2048^3, so
+training keeps MKL), beam-4 decodes of batch 1 took 70-86 against 104-109 ms at the Multi30k size and 206-259
+against 477-581 ms at paper-base with decoding's products through oneDNN and aiayn's native few-row kernel instead
+of MKL, and batch 32 tied (docs/BENCHMARKS.md, forty-fifth session). So on AMD CPUs :class:`aiayn.nn.packed.
+PackedLinear` decodes through oneDNN whichever library trains; the same override (``AIAYN_FP32_CPU_GEMM``,
+:func:`use_fp32_backend`) sets both.
+
+Where the policy says oneDNN:
 
 * :func:`linear` is ``F.linear`` with oneDNN's kernel for fp32 CPU tensors, differentiable (:class:`OneDNNLinear`:
   the forward product and both backward products through oneDNN, plain (unpacked) weights, so an optimizer may
@@ -30,7 +41,7 @@ import contextlib
 import functools
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -71,23 +82,45 @@ def _auto_backend() -> str:
     return "onednn" if mkl_on_amd_avx512 and onednn_available() else "torch"
 
 
+@functools.cache
+def _auto_inference_backend() -> str:
+    amd = cpu_vendor() in ("AuthenticAMD", "HygonGenuine")
+    return "onednn" if _auto_backend() == "onednn" or (amd and onednn_available()) else "torch"
+
+
+def _resolve(auto: Callable[[], str]) -> str:
+    """:func:`use_fp32_backend`'s choice, else ``AIAYN_FP32_CPU_GEMM``'s, with ``auto()`` for "auto"."""
+    choice = _override or os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in BACKENDS:
+        raise ValueError(f"{ENV_VAR}={choice!r}: choose one of {', '.join(BACKENDS)}")
+    if choice == "auto":
+        return auto()
+    return "onednn" if choice == "onednn" and onednn_available() else "torch"
+
+
+def fp32_inference_backend() -> str:
+    """``"onednn"`` or ``"torch"``: the library for fp32 CPU products at inference (decoding's few-row products;
+    :class:`aiayn.nn.packed.PackedLinear`), where it differs from :func:`fp32_backend`'s (see the module docstring).
+
+    Order: :func:`use_fp32_backend`, then ``AIAYN_FP32_CPU_GEMM``, then the automatic choice: oneDNN on AMD CPUs
+    and wherever it is the training backend.
+    """
+    return _resolve(_auto_inference_backend)
+
+
 def fp32_backend() -> str:
     """``"onednn"`` or ``"torch"``: the library for fp32 CPU matmuls (see the module docstring).
 
     Order: :func:`use_fp32_backend`, then ``AIAYN_FP32_CPU_GEMM``, then the automatic choice. Asking for oneDNN
     in a build without it gives ``"torch"``.
     """
-    choice = _override or os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in BACKENDS:
-        raise ValueError(f"{ENV_VAR}={choice!r}: choose one of {', '.join(BACKENDS)}")
-    if choice == "auto":
-        return _auto_backend()
-    return "onednn" if choice == "onednn" and onednn_available() else "torch"
+    return _resolve(_auto_backend)
 
 
 @contextlib.contextmanager
 def use_fp32_backend(choice: str) -> Iterator[None]:
-    """Within the block, :func:`fp32_backend` follows ``choice`` ("auto", "onednn" or "torch")."""
+    """Within the block, :func:`fp32_backend` and :func:`fp32_inference_backend` follow ``choice`` ("auto",
+    "onednn" or "torch")."""
     global _override
     if choice not in BACKENDS:
         raise ValueError(f"backend {choice!r}: choose one of {', '.join(BACKENDS)}")

@@ -57,8 +57,9 @@ from aiayn.nn.cpu_gemm import onednn_available
 # in bf16 the packed kernel wins from one row up (see the module docstring)
 MIN_PACKED_ROWS = {torch.float32: 2, torch.bfloat16: 1}
 MIN_PACKED_IN_FEATURES = 256  # narrower output layers were slower packed (see the module docstring)
-#: where oneDNN is the fp32 backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`): the fewest multiply-adds per call
-#: (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins (see the module docstring)
+#: where oneDNN is the fp32 inference backend (:func:`aiayn.nn.cpu_gemm.fp32_inference_backend`): the fewest
+#: multiply-adds per call (rows x in x out) worth its packed kernel; below it ``F.linear``'s lower fixed cost wins
+#: (see the module docstring)
 MIN_ONEDNN_MACS = 1 << 19
 #: there, a product of two or more rows takes the packed kernel from this many multiply-adds: a decoding step reads
 #: its weights from memory, not from the caches (the step's weights outgrow them), and on cold weights MKL's
@@ -178,9 +179,9 @@ class PackedLinear(nn.Linear):
         Training, autocast, CUDA and mixed dtypes take :func:`aiayn.nn.cpu_gemm.linear` (oneDNN for fp32 CPU
         training where it is the fp32 backend, else ``F.linear``). CPU inference in the weight's dtype takes
         ``F.linear`` for fp32 products under ``MIN_ONEDNN_MACS`` multiply-adds (``MIN_ONEDNN_MACS_FEW_ROWS`` for two
-        rows or more) where oneDNN is the fp32 backend (there BLAS's fixed cost is lower; a single row of at least
-        ``MIN_SPLIT_ROW_MACS`` as two half-width products on two threads instead), the packed kernel for larger ones
-        there and, on other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise
+        rows or more) where oneDNN is the fp32 inference backend (there BLAS's fixed cost is lower; a single row of
+        at least ``MIN_SPLIT_ROW_MACS`` as two half-width products on two threads instead), the packed kernel for
+        larger ones there and, on other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise
         ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``).
 
         ``activation`` ("relu" or "gelu", see ``FUSED_ACTIVATIONS``) returns that function of the result instead:
@@ -221,7 +222,7 @@ class PackedLinear(nn.Linear):
         if torch.is_grad_enabled() or w.is_inference() or (b is not None and b.is_inference()):
             return None
         return (weight_state(w), w.device, None if b is None else (b.data_ptr(), b._version, b.dtype),
-                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_backend(), torch.get_num_threads(),
+                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_inference_backend(), torch.get_num_threads(),
                 _native().library() is not None)
 
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
@@ -236,7 +237,7 @@ class PackedLinear(nn.Linear):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
             return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
-        if w.dtype == torch.float32 and cpu_gemm.fp32_backend() == "onednn":  # every fp32 layer, by size
+        if w.dtype == torch.float32 and cpu_gemm.fp32_inference_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
                 if (one_row and macs >= MIN_SPLIT_ROW_MACS
@@ -374,15 +375,17 @@ def pack_bf16_linears(model: nn.Module) -> nn.Module:
 
 
 def use_fast_cpu_linears(model: nn.Module) -> nn.Module:
-    """Where oneDNN is the fp32 CPU backend (:func:`aiayn.nn.cpu_gemm.fp32_backend`), make every ``nn.Linear`` of
-    ``model`` a :class:`PackedLinear`, in place; returns ``model``.
+    """Where oneDNN is the fp32 CPU backend of training or of inference (:func:`aiayn.nn.cpu_gemm.fp32_backend`,
+    :func:`aiayn.nn.cpu_gemm.fp32_inference_backend`), make every ``nn.Linear`` of ``model`` a
+    :class:`PackedLinear`, in place; returns ``model``.
 
-    Training then runs each layer's three products through oneDNN (:func:`aiayn.nn.cpu_gemm.linear`), and
-    inference through a prepacked weight from ``MIN_ONEDNN_MACS`` multiply-adds per call up. Elsewhere (Intel
-    CPUs, builds without oneDNN) a no-op. Idempotent; parameters, ties and ``state_dict`` are unchanged, and the
-    layers still work on any device and dtype (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it.
+    Training then runs each layer's three products through :func:`aiayn.nn.cpu_gemm.linear` (oneDNN where it is
+    the training backend, else ``F.linear``), and inference through a prepacked weight from ``MIN_ONEDNN_MACS``
+    multiply-adds per call up and aiayn's native few-row kernel at a decoding step's rows. Elsewhere (Intel CPUs,
+    builds without oneDNN) a no-op. Idempotent; parameters, ties and ``state_dict`` are unchanged, and the layers
+    still work on any device and dtype (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it.
     """
-    if cpu_gemm.fp32_backend() != "onednn":
+    if "onednn" not in (cpu_gemm.fp32_backend(), cpu_gemm.fp32_inference_backend()):
         return model
     for module in model.modules():
         for name, child in list(module.named_children()):
