@@ -246,16 +246,28 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) 
     return "\n".join([line, sep, *body])
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux), or "" where unknown: hosts change between runs."""
+def _cpuinfo(key: str) -> str:
+    """The first value of ``key`` in /proc/cpuinfo (Linux), or "" where unknown."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.split(":", 1)[0].strip() == key:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or ""
+    return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or "" where unknown: hosts change between runs."""
+    return _cpuinfo("model name") or platform.processor() or ""
+
+
+def cpu_id() -> str:
+    """The CPU's vendor, family and model numbers ("AuthenticAMD 25/1": Zen 3), which a virtual machine's model name
+    ("AMD EPYC") leaves out; "" where unknown."""
+    parts = [_cpuinfo("vendor_id"), _cpuinfo("cpu family"), _cpuinfo("model")]
+    return f"{parts[0]} {parts[1]}/{parts[2]}" if all(parts) else ""
 
 
 def machine_info() -> dict[str, Any]:
@@ -269,6 +281,8 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
+        "cpu_id": cpu_id(),
+        "isa": torch.backends.cpu.get_cpu_capability(),  # the vector instructions torch's own kernels use
         "loadavg_1m": round(load[0], 2),
         "malloc": malloc_setting(),
     }
