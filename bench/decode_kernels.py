@@ -129,7 +129,8 @@ def cold_call_us(fns: dict[str, Callable[[], Any]], calls: int, evict_mb: int = 
 
 def argmax_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
     """One row per (output layer, row count): greedy search's argmax through the fp32 product and through the
-    fp16 screen, cold caches (see the module docstring)."""
+    screen greedy search takes for that many rows on this CPU, whatever the size (none: no row), cold caches (see
+    the module docstring)."""
     out = []
     for model, n_in, n_out in layers:
         proj = PackedLinear.from_linear(column_major_linears(torch.nn.Linear(n_in, n_out, bias=False)))

@@ -121,10 +121,38 @@ def _count_screens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _screen_everything(monkeypatch: pytest.MonkeyPatch, int8: bool = False) -> None:
-    """Screen layers of any size; one row in int8 (where it runs) only if ``int8``."""
+    """Screen layers of any size; one row in int8 (where it runs) only if ``int8``, else as on a CPU without an int8
+    kernel (fp16 at one and two rows)."""
     monkeypatch.setattr(SA, "MIN_FP16_SCREENED_WEIGHTS", {1: 1000, 2: 1000})
     monkeypatch.setattr(SA, "MIN_BF16_SCREENED_WEIGHTS", 1000)
-    monkeypatch.setattr(SA, "MIN_INT8_SCREENED_WEIGHTS", 1000 if int8 else 1 << 62)
+    monkeypatch.setattr(SA, "MIN_INT8_SCREENED_WEIGHTS", 1000)
+    monkeypatch.setattr(SA, "MIN_NATIVE_INT8_SCREENED_WEIGHTS", 1000)
+    if not int8:
+        monkeypatch.setattr(SA, "int8_screen_kernel", lambda: None)
+
+
+@pytest.mark.parametrize("kernel", [None, "torch", "native"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_which_screen_by_rows_size_width_and_int8_kernel(kernel: str | None, bf16: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SA, "int8_screen_kernel", lambda: kernel)
+    monkeypatch.setattr(SA, "onednn_bf16_available", lambda: bf16)
+    fp16_min, int8_min = SA.MIN_FP16_SCREENED_WEIGHTS[1], SA.MIN_INT8_SCREENED_WEIGHTS
+    native_min = SA.MIN_NATIVE_INT8_SCREENED_WEIGHTS
+    if kernel == "native":  # only int8 at one row pays, at any width up to INT8_MAX_WIDTH
+        assert SA.screen_dtype(1, native_min, 392) == SA.screen_dtype(1, native_min) == torch.int8
+        assert SA.screen_dtype(1, native_min - 1, 384) is None
+        assert SA.screen_dtype(1, native_min, SA.INT8_MAX_WIDTH + 16) is None
+        assert SA.screen_dtype(2, 1 << 30, 384) is None and SA.screen_dtype(16, 1 << 30, 384) is None
+        return
+    int8 = kernel == "torch"
+    assert SA.screen_dtype(1, max(int8_min, fp16_min), 384) == (torch.int8 if int8 else torch.float16)
+    assert SA.screen_dtype(1, fp16_min, 392) == torch.float16  # torch's kernel: multiples of 16 columns
+    assert SA.screen_dtype(1, fp16_min, SA.INT8_MAX_WIDTH + 16) == torch.float16
+    assert SA.screen_dtype(1, min(fp16_min, int8_min) - 1, 384) is None
+    two = SA.MIN_BF16_SCREENED_WEIGHTS if bf16 else SA.MIN_FP16_SCREENED_WEIGHTS[2]
+    assert SA.screen_dtype(2, two, 384) == (torch.bfloat16 if bf16 else torch.float16)
+    assert SA.screen_dtype(16, 1 << 30, 384) == (torch.bfloat16 if bf16 else None)
 
 
 def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,15 +160,6 @@ def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPat
     _screen_everything(monkeypatch)
     bf16 = onednn_bf16_available()
     assert SA.screen_dtype(1, 1000) == torch.float16 and SA.screen_dtype(1, 999) is None
-    int8 = SA.int8_screen_available()
-    monkeypatch.setattr(SA, "MIN_INT8_SCREENED_WEIGHTS", 1 << 22)
-    assert SA.screen_dtype(1, 1 << 22, 384) == (torch.int8 if int8 else torch.float16)
-    assert SA.screen_dtype(1, (1 << 22) - 1, 384) == torch.float16
-    native_int8 = SA.int8_screen_kernel() == "native"  # any width; torch's kernel takes multiples of 16 columns
-    assert SA.screen_dtype(1, 1 << 22, 392) == (torch.int8 if native_int8 else torch.float16)
-    assert SA.screen_dtype(1, 1 << 22, 528) == torch.float16  # wider than INT8_MAX_WIDTH
-    assert SA.screen_dtype(2, 1 << 22, 384) == (torch.bfloat16 if bf16 else torch.float16)
-    _screen_everything(monkeypatch)
     assert SA.screen_dtype(2, 1000) == (torch.bfloat16 if bf16 else torch.float16)
     assert SA.screen_dtype(16, 1000) == (torch.bfloat16 if bf16 else None)
     proj = nn.Linear(32, 500, bias=False)

@@ -119,6 +119,10 @@ MIN_FP16_SCREENED_WEIGHTS = {1: 1 << 22, 2: 1 << 23}
 MIN_BF16_SCREENED_WEIGHTS = 1 << 22
 #: the fewest weights worth an int8 screen (one row, where torch's int8 kernel has its AVX-512 form)
 MIN_INT8_SCREENED_WEIGHTS = 2_000_000
+#: the fewest weights worth an int8 screen through aiayn's native kernel (CPUs without AVX-512): on a 2-core Zen 3 the
+#: screened argmax over cold weights took 1.22 against 0.94 ms for the fp32 product at 16384 x 256, 2.55 against
+#: 2.89 at 32000 x 512 and 2.45 against 2.87 at 50257 x 384 (one row; docs/BENCHMARKS.md)
+MIN_NATIVE_INT8_SCREENED_WEIGHTS = 1 << 23
 #: the widest output layer screened in int8: the int8 kernel read 13 GB/s from 576 columns up against 21-24 below,
 #: and the int8 window grows with the width (random 50257 x 1024 weights: too many candidates, 0.66x fp16's speed)
 INT8_MAX_WIDTH = 512
@@ -227,12 +231,17 @@ def make_screen(weight: Tensor, dtype: torch.dtype = torch.float16) -> Screen | 
 def screen_dtype(rows: int, weights: int, width: int | None = None) -> torch.dtype | None:
     """Which screen pays for ``rows`` rows times an fp32 output layer of ``weights`` weights (``width`` columns;
     None: any up to ``INT8_MAX_WIDTH``) on this CPU, if any: int8 at one row where torch's int8 kernel has its AVX-512
-    form (:func:`int8_screen_available`) and the width is a multiple of ``INT8_ALIGN`` up to ``INT8_MAX_WIDTH``, else
+    form (:func:`int8_screen_kernel`) and the width is a multiple of ``INT8_ALIGN`` up to ``INT8_MAX_WIDTH``, else
     fp16 at one row (and two without native bf16), oneDNN's prepacked bf16 from two rows up where the CPU multiplies
-    bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`); see the module docstring."""
-    kernel = int8_screen_kernel() if rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS else None
-    if kernel is not None and (width is None or (width <= INT8_MAX_WIDTH
-                                                 and (kernel == "native" or width % INT8_ALIGN == 0))):
+    bf16 natively (:func:`aiayn.nn.packed.onednn_bf16_available`). Where the int8 kernel is aiayn's native one (CPUs
+    without AVX-512), only int8 at one row, from ``MIN_NATIVE_INT8_SCREENED_WEIGHTS``: there the fp32 product goes
+    through the native few-row kernel too, which no fp16 screen beat. See the module docstring."""
+    kernel = int8_screen_kernel()
+    if kernel == "native":  # the fp32 product streams the weight through the native few-row kernel: only int8 pays
+        fits = width is None or width <= INT8_MAX_WIDTH
+        return torch.int8 if rows == 1 and weights >= MIN_NATIVE_INT8_SCREENED_WEIGHTS and fits else None
+    if (kernel == "torch" and rows == 1 and weights >= MIN_INT8_SCREENED_WEIGHTS
+            and (width is None or (width <= INT8_MAX_WIDTH and width % INT8_ALIGN == 0))):
         return torch.int8
     if rows == 1 or (rows == 2 and not onednn_bf16_available()):
         return torch.float16 if weights >= MIN_FP16_SCREENED_WEIGHTS[rows] else None
