@@ -259,8 +259,9 @@ def _memory_worker(setup: str, impl: str, quick: bool, dtype: str, batch: int | 
 
 def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int = 5, warmup: int = 1,
                 memory: bool = True, peak_flops: float | None = None, cfg: dict[str, Any] | None = None,
-                shape: dict[str, int] | None = None, dtype: str = "float32") -> dict[str, Any]:
-    """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation).
+                shape: dict[str, int] | None = None, dtype: str = "float32", ablation: bool = True) -> dict[str, Any]:
+    """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation; aiayn against itself
+    with torch's dropout, ``aiayn-torch-dropout``, only when ``ablation``).
 
     ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; with ``memory`` only a
     ``shape`` that sets nothing but ``batch``).
@@ -276,6 +277,7 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
     rows = []
     for setup in setups:
         impls, s, c = SETUPS[setup]["impls"], setup_shape(setup, shape), model_config(setup, quick, cfg)
+        impls = tuple(i for i in impls if ablation or i != ABLATION)
         steps, tokens = {}, 0
         for impl in impls:
             steps[impl], tokens = build_step(setup, impl, quick, cfg=cfg, shape=shape, dtype=dtype)
@@ -301,6 +303,7 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
     return {"runs": runs, "quick": quick, "dtype": dtype, "rows": rows}
 
 
+ABLATION = "aiayn-torch-dropout"  # aiayn against itself, not a peer: --no-ablation leaves it out
 COLUMNS = ["setup", "impl", "dtype", "batch", "src", "tgt", "tok_s", "step_ms", "aiayn_speedup", "mfu", "peak_gflops",
            "peak_rss_mb", "delta_rss_mb"]
 
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     benchlib.add_common_args(p)  # --quick: tiny models (2 layers x 128), 3 runs
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=None)
     p.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory subprocesses")
+    p.add_argument("--no-ablation", action="store_true", help=f"leave out {ABLATION} (aiayn against itself with "
+                   "torch's dropout and one chunk of logits); run_all.py passes it")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: every implementation under torch.autocast, MFU against the bf16 matmul peak; "
                         "results go to train_throughput_bfloat16.json")
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     t0 = time.perf_counter()
     payload = bench_train(args.setups, quick=args.quick, runs=args.runs or (3 if args.quick else 5),
-                          memory=not args.no_memory, dtype=args.dtype,
+                          memory=not args.no_memory, dtype=args.dtype, ablation=not args.no_ablation,
                           shape=None if args.batch is None else {"batch": args.batch})
     payload["wall_s"] = time.perf_counter() - t0
     print(f"training throughput (fwd+bwd+Adam, {args.dtype}), median of {payload['runs']} alternating steps; "

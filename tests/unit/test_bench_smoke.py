@@ -246,6 +246,16 @@ def test_train_step_profile_splits_kernel_time() -> None:
 def test_run_all_knows_every_script() -> None:
     for name in run_all.SCRIPTS:
         assert (BENCH / f"{name}.py").is_file()
+    assert set(run_all.DEFAULT_SCRIPTS) == set(run_all.SCRIPTS) - {"profile_decode"}  # a diagnosis: --only
+
+
+def test_train_bench_leaves_out_the_ablation_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(train_throughput.SETUPS, "lm-gpt2-small",
+                        {**train_throughput.SETUPS["lm-gpt2-small"], "impls": ("aiayn", train_throughput.ABLATION)})
+    out = train_throughput.bench_train(["lm-gpt2-small"], quick=True, runs=1, warmup=0, memory=False,
+                                       peak_flops=1e9, ablation=False)
+    assert [r["impl"] for r in out["rows"]] == ["aiayn"]
+    assert "--no-ablation" in run_all.EXTRA_ARGS["train_throughput"]
 
 
 def test_memory_worker_reports_peak_rss() -> None:
