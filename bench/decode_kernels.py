@@ -197,9 +197,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argmax = argmax_rows(ARGMAX_LAYERS[:1] if args.quick else ARGMAX_LAYERS, ARGMAX_ROWS[:2] if args.quick
                          else ARGMAX_ROWS, runs)
     attention = attention_rows(ATTENTION[:1] if args.quick else ATTENTION, runs)
-    payload = {"threads": args.threads, "fp32_backend": cpu_gemm.fp32_backend(), "runs": runs, "linears": linears,
+    payload = {"threads": args.threads, "fp32_backend": cpu_gemm.fp32_backend(),
+               "fp32_inference_backend": cpu_gemm.fp32_inference_backend(), "runs": runs, "linears": linears,
                "argmax": argmax, "attention": attention, "wall_s": time.perf_counter() - t0}
-    print(f"decoding linears, us per call ({args.threads} threads, fp32 policy {payload['fp32_backend']!r})")
+    print(f"decoding linears, us per call ({args.threads} threads, fp32 policy {payload['fp32_backend']!r}, "
+          f"at inference {payload['fp32_inference_backend']!r})")
     print(benchlib.table(linears, LINEAR_COLUMNS))
     print("\ngreedy argmax of an output layer, us per call, cold caches; speedup = fp32 / screened")
     print(benchlib.table(argmax, ARGMAX_COLUMNS))

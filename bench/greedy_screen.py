@@ -3,12 +3,13 @@
 :mod:`aiayn.generate.screened_argmax` screens an fp32 output layer at one row in int8 from
 ``MIN_INT8_SCREENED_WEIGHTS`` weights on AVX-512 CPUs (elsewhere in fp16), at one or two rows in fp16 from
 ``MIN_FP16_SCREENED_WEIGHTS[rows]`` weights, and from two rows up in bf16 from ``MIN_BF16_SCREENED_WEIGHTS`` where
-the CPU multiplies bf16 natively. This benchmark shows where that pays: random decoder-only models (vocabulary x
+the CPU multiplies bf16 natively; on CPUs without AVX-512 where aiayn's native kernels are built, only at one row, in
+int8 through the native kernel, from ``MIN_NATIVE_INT8_SCREENED_WEIGHTS``. This benchmark shows where that pays: random decoder-only models (vocabulary x
 width from 8000 x 256 to 50257 x 768), greedy generation of ``--new-tokens`` tokens after an 8-token prompt, at
 batch 1, 2, 4 and 16, with the screen forced on at every size and off (``AIAYN_SCREENED_ARGMAX=0``), alternating
 runs in one process; ``screen`` names the screen's dtype (none: no screen at that row count on this CPU), ``same``
-says whether all made the same tokens. Where the screen is int8, the fp16 screen it replaced runs too
-(``fp16_tok_s``, ``int8_vs_fp16``).
+says whether all made the same tokens. Where the screen is torch's int8 (AVX-512), the fp16 screen it replaced runs
+too (``fp16_tok_s``, ``int8_vs_fp16``).
 
 With ``--checkpoint DIR`` (a trained decoder-only checkpoint, e.g. from ``aiayn train``) it reports instead, for
 greedy generation from a few fixed prompts with the screen forced on, how many candidates each screened row had
@@ -72,7 +73,7 @@ def run_size(vocab: int, width: int, layers: int, batches: tuple[int, ...], new_
 
         dtype = screened.screen_dtype(batch, vocab * width, width)
         contenders = {"screened": lambda: run("1"), "fp32": lambda: run("0")}
-        if dtype == torch.int8:  # and the fp16 screen it replaces at one row
+        if dtype == torch.int8 and screened.int8_screen_kernel() == "torch":  # and the fp16 screen it replaced there
             contenders["fp16"] = lambda: run("1", int8=False)
         times = benchlib.alternate(contenders, runs=runs)
         os.environ.pop(screened.ENV_SWITCH, None)
@@ -153,9 +154,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sizes = [(2000, 128, 1)] if args.quick else SIZES
     t0 = time.perf_counter()
     default_fp16, default_bf16 = dict(screened.MIN_FP16_SCREENED_WEIGHTS), screened.MIN_BF16_SCREENED_WEIGHTS
-    default_int8 = screened.MIN_INT8_SCREENED_WEIGHTS
+    default_int8 = screened.MIN_INT8_SCREENED_WEIGHTS, screened.MIN_NATIVE_INT8_SCREENED_WEIGHTS
     screened.MIN_FP16_SCREENED_WEIGHTS.update({1: 0, 2: 0})  # force the screen on at every size
     screened.MIN_BF16_SCREENED_WEIGHTS = screened.MIN_INT8_SCREENED_WEIGHTS = 0
+    screened.MIN_NATIVE_INT8_SCREENED_WEIGHTS = 0
     try:
         if args.checkpoint:
             payload = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                            args.new_tokens, runs)]
     finally:
         screened.MIN_FP16_SCREENED_WEIGHTS.update(default_fp16)
-        screened.MIN_BF16_SCREENED_WEIGHTS, screened.MIN_INT8_SCREENED_WEIGHTS = default_bf16, default_int8
+        screened.MIN_BF16_SCREENED_WEIGHTS = default_bf16
+        screened.MIN_INT8_SCREENED_WEIGHTS, screened.MIN_NATIVE_INT8_SCREENED_WEIGHTS = default_int8
     for r in rows:
         r["screened_by_default"] = screened.screen_dtype(r["batch"], r["vocab"] * r["width"], r["width"]) is not None
     payload = {"threads": args.threads, "runs": runs, "new_tokens": args.new_tokens, "rows": rows,
