@@ -3,13 +3,13 @@
 :mod:`aiayn.generate.screened_argmax` screens an fp32 output layer at one row in int8 from
 ``MIN_INT8_SCREENED_WEIGHTS`` weights on AVX-512 CPUs (elsewhere in fp16), at one or two rows in fp16 from
 ``MIN_FP16_SCREENED_WEIGHTS[rows]`` weights, and from two rows up in bf16 from ``MIN_BF16_SCREENED_WEIGHTS`` where
-the CPU multiplies bf16 natively; on CPUs without AVX-512 where aiayn's native kernels are built, only at one row, in
-int8 through the native kernel, from ``MIN_NATIVE_INT8_SCREENED_WEIGHTS``. This benchmark shows where that pays:
+the CPU multiplies bf16 natively; on CPUs without AVX-512 where aiayn's native kernels are built, only at one row,
+in int8 through the native kernel, from ``MIN_NATIVE_INT8_SCREENED_WEIGHTS``. This benchmark shows where that pays:
 random decoder-only models (vocabulary x width from 8000 x 256 to 50257 x 768), greedy generation of
-``--new-tokens`` tokens after an 8-token prompt, at batch 1, 2, 4 and 16, with the screen forced on at every size and off (``AIAYN_SCREENED_ARGMAX=0``), alternating
-runs in one process; ``screen`` names the screen's dtype (none: no screen at that row count on this CPU), ``same``
-says whether all made the same tokens. Where the screen is torch's int8 (AVX-512), the fp16 screen it replaced runs
-too (``fp16_tok_s``, ``int8_vs_fp16``).
+``--new-tokens`` tokens after an 8-token prompt, at batch 1, 2, 4 and 16, with the screen forced on at every size
+and off (``AIAYN_SCREENED_ARGMAX=0``), alternating runs in one process; ``screen`` names the screen's dtype (none:
+no screen at that row count on this CPU), ``same`` says whether all made the same tokens. Where the screen is
+torch's int8 (AVX-512), the fp16 screen it replaced runs too (``fp16_tok_s``, ``int8_vs_fp16``).
 
 With ``--checkpoint DIR`` (a trained decoder-only checkpoint, e.g. from ``aiayn train``) it reports instead, for
 greedy generation from a few fixed prompts with the screen forced on, how many candidates each screened row had
