@@ -51,9 +51,13 @@ CHUNKS = {"loss_64_rows": 64, "loss_512_rows": 512, "loss_one_chunk": 1 << 30}
 KEY_COUNTS, TOKENS, QUICK_KEY_COUNTS, QUICK_TOKENS = (16, 32, 64, 128), 8192, (16, 32), 256
 
 
-def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int], runs: int) -> dict:
+BF16_KEYS = ("loss_512_rows_bf16", "attn_bf16_torch", "attn_bf16_aiayn")  # timed only with bf16
+
+
+def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int], runs: int,
+               bf16: bool = True) -> dict:
     """The kernels at one shape: ``n`` rows (tokens) of width ``d``, vocabulary ``v``, attention of shape ``attn``
-    (B, H, T, Dh); one result row."""
+    (B, H, T, Dh); one result row (the bf16 timings, ``BF16_KEYS``, NaN unless ``bf16``)."""
     x = torch.randn(n, 4 * d)  # (n, 4D) an FFN-sized activation
     h = torch.randn(n, d, requires_grad=True)  # (n, D)
     w = (torch.randn(v, d) * 0.05).requires_grad_()  # (V, D)
@@ -77,8 +81,10 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
     fns["loss_512_rows_bf16"] = lambda: loss(CHUNKS["loss_512_rows"], bf16=True)
     fns.update({"attn_fp32": lambda: attention(qkv32, False), "attn_bf16_torch": lambda: attention(qkv16, False),
                 "attn_bf16_aiayn": lambda: attention(qkv16, True)})
+    if not bf16:
+        fns = {k: f for k, f in fns.items() if k not in BF16_KEYS}
     times = benchlib.alternate(fns, runs=runs, warmup=1)
-    row = {"shape": name, "rows": n, "d_model": d, "vocab": v}
+    row = {"shape": name, "rows": n, "d_model": d, "vocab": v, **{f"{k}_ms": float("nan") for k in BF16_KEYS}}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
     faults = []
     for _ in range(3):
@@ -121,10 +127,10 @@ def time_few_keys_attention(keys: int, tokens: int, runs: int) -> list[dict]:
     return rows
 
 
-def bench_kernels(quick: bool = False, runs: int = 7) -> dict:
-    """Time both kernels at each shape, and the few-keys attention at each key count; returns the JSON payload
-    (``rows``: one per shape; ``attention_rows``: one per key count and mask)."""
-    rows = [time_shape(*shape, runs=runs) for shape in (QUICK_SHAPES if quick else SHAPES)]
+def bench_kernels(quick: bool = False, runs: int = 7, bf16: bool = True) -> dict:
+    """Time both kernels at each shape (the bf16 ones only when ``bf16``), and the few-keys attention at each key
+    count; returns the JSON payload (``rows``: one per shape; ``attention_rows``: one per key count and mask)."""
+    rows = [time_shape(*shape, runs=runs, bf16=bf16) for shape in (QUICK_SHAPES if quick else SHAPES)]
     key_counts, tokens = (QUICK_KEY_COUNTS, QUICK_TOKENS) if quick else (KEY_COUNTS, TOKENS)
     attention_rows = [r for keys in key_counts for r in time_few_keys_attention(keys, tokens, runs)]
     return {"runs": runs, "quick": quick, "rows": rows, "attention_rows": attention_rows}
@@ -143,10 +149,11 @@ def main(argv: list[str] | None = None) -> dict:
     """CLI entry point: run, print the table, write ``bench/results/cpu_train_kernels.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p, runs=7)
+    benchlib.add_bf16_arg(p)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
-    payload = bench_kernels(args.quick, runs=args.runs or (2 if args.quick else 7))
+    payload = bench_kernels(args.quick, runs=args.runs or (2 if args.quick else 7), bf16=benchlib.wants_bf16(args.bf16))
     payload["wall_s"] = time.perf_counter() - t0
     print(benchlib.table(payload["attention_rows"], ATTENTION_COLUMNS))
     benchlib.report("cpu_train_kernels", payload, COLUMNS, args.quick)

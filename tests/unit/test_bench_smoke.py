@@ -305,6 +305,9 @@ def test_cpu_train_kernels_bench_runs() -> None:
     assert [(r["keys"], r["mask"]) for r in attention] == [(16, "causal"), (16, "padding"), (32, "causal"),
                                                             (32, "padding")]
     assert all(r["flash_ms"] > 0 and r["two_matmuls_ms"] > 0 and r["served_by_two_matmuls"] for r in attention)
+    (row,) = cpu_train_kernels.time_shape(*cpu_train_kernels.QUICK_SHAPES[0], runs=1, bf16=False),
+    assert row["dropout_aiayn_ms"] > 0 and row["attn_fp32_ms"] > 0
+    assert all(math.isnan(row[f"{k}_ms"]) for k in cpu_train_kernels.BF16_KEYS)  # not timed without bf16
 
 
 def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
