@@ -86,7 +86,7 @@ BF16_CHOICES = ("auto", "on", "off")
 
 
 def add_bf16_arg(parser: argparse.ArgumentParser) -> None:
-    """Add ``--bf16 {auto,on,off}``: whether the decoding benchmarks time their bf16 contenders too."""
+    """Add ``--bf16 {auto,on,off}``: whether a benchmark times its bf16 contenders too."""
     parser.add_argument("--bf16", choices=BF16_CHOICES, default="auto",
                         help="time the bf16 contenders: auto (the default) only where this CPU multiplies bf16 "
                              "natively (AVX512-BF16 / AMX, as oneDNN reports); elsewhere every system emulates bf16, "

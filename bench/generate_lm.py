@@ -182,12 +182,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
+    bf16 = benchlib.wants_bf16(args.bf16)
     if args.quick:
-        payload = bench_generate(LMSize(n_layers=2), new_tokens=args.new_tokens or 32, runs=args.runs or 3,
-                                 bf16=benchlib.wants_bf16(args.bf16))
+        payload = bench_generate(LMSize(n_layers=2), new_tokens=args.new_tokens or 32, runs=args.runs or 3, bf16=bf16)
     else:
-        payload = bench_generate(new_tokens=args.new_tokens or 128, runs=args.runs or 5,
-                                 bf16=benchlib.wants_bf16(args.bf16))
+        payload = bench_generate(new_tokens=args.new_tokens or 128, runs=args.runs or 5, bf16=bf16)
     payload["wall_s"] = time.perf_counter() - t0
     print(f"greedy generation, GPT-2-like {payload['size']}, median of {payload['runs']} alternating runs")
     benchlib.report("generate_lm", payload, COLUMNS, args.quick)

@@ -83,9 +83,8 @@ def _auto_backend() -> str:
 
 
 @functools.cache
-def _auto_inference_backend() -> str:
-    amd = cpu_vendor() in ("AuthenticAMD", "HygonGenuine")
-    return "onednn" if _auto_backend() == "onednn" or (amd and onednn_available()) else "torch"
+def _auto_inference_backend() -> str:  # (a superset of _auto_backend's oneDNN cases: those are AMD CPUs too)
+    return "onednn" if cpu_vendor() in ("AuthenticAMD", "HygonGenuine") and onednn_available() else "torch"
 
 
 def _resolve(auto: Callable[[], str]) -> str:
@@ -103,7 +102,7 @@ def fp32_inference_backend() -> str:
     :class:`aiayn.nn.packed.PackedLinear`), where it differs from :func:`fp32_backend`'s (see the module docstring).
 
     Order: :func:`use_fp32_backend`, then ``AIAYN_FP32_CPU_GEMM``, then the automatic choice: oneDNN on AMD CPUs
-    and wherever it is the training backend.
+    (so wherever :func:`fp32_backend` says oneDNN, this says it too).
     """
     return _resolve(_auto_inference_backend)
 

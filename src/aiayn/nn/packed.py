@@ -375,9 +375,9 @@ def pack_bf16_linears(model: nn.Module) -> nn.Module:
 
 
 def use_fast_cpu_linears(model: nn.Module) -> nn.Module:
-    """Where oneDNN is the fp32 CPU backend of training or of inference (:func:`aiayn.nn.cpu_gemm.fp32_backend`,
-    :func:`aiayn.nn.cpu_gemm.fp32_inference_backend`), make every ``nn.Linear`` of ``model`` a
-    :class:`PackedLinear`, in place; returns ``model``.
+    """Where oneDNN is the fp32 CPU inference backend (:func:`aiayn.nn.cpu_gemm.fp32_inference_backend`, which says
+    oneDNN wherever the training backend does), make every ``nn.Linear`` of ``model`` a :class:`PackedLinear`, in
+    place; returns ``model``.
 
     Training then runs each layer's three products through :func:`aiayn.nn.cpu_gemm.linear` (oneDNN where it is
     the training backend, else ``F.linear``), and inference through a prepacked weight from ``MIN_ONEDNN_MACS``
@@ -385,7 +385,7 @@ def use_fast_cpu_linears(model: nn.Module) -> nn.Module:
     builds without oneDNN) a no-op. Idempotent; parameters, ties and ``state_dict`` are unchanged, and the layers
     still work on any device and dtype (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it.
     """
-    if "onednn" not in (cpu_gemm.fp32_backend(), cpu_gemm.fp32_inference_backend()):
+    if cpu_gemm.fp32_inference_backend() != "onednn":
         return model
     for module in model.modules():
         for name, child in list(module.named_children()):
