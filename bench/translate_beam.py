@@ -34,9 +34,12 @@ transformers' time / that floor is the most an fp32 implementation of these matm
 over transformers (the encoder, attention and search are not even counted). aiayn's oneDNN-prepacked output layer
 (:mod:`aiayn.nn.packed`) is faster than ``F.linear``, so at batch 32 its share of the floor is not a bound on aiayn.
 
-Each system runs in its own subprocess (``rounds`` turns of all of them, ``runs`` timed decodes per turn after a
+Each library runs in its own subprocess (``rounds`` turns of all of them, ``runs`` timed decodes per turn after a
 warm-up): in one process, CTranslate2's threads alive beside torch's slowed aiayn's decode 4x (twelfth session),
-and that process's order of contenders would decide the result.
+and that process's order of contenders would decide the result. A library's variants (aiayn fp32, int8, bf16 and
+the matmul floor; transformers fp32 and bf16; CTranslate2's four settings) share its child one after another, each
+model freed before the next is built: a child per variant spent more of the suite starting interpreters and
+importing libraries than decoding.
 
     .venv/bin/python bench/translate_beam.py          # multi30k and paper-base sizes, batch 1 and 32
     .venv/bin/python bench/translate_beam.py --quick
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import sys
 import tempfile
@@ -353,12 +357,37 @@ def time_contender(name: str, size: Seq2SeqSize, batches: list[int], workdir: Pa
     return result
 
 
-def child(name: str, size: Seq2SeqSize, batches: list[int], workdir: Path, runs: int, threads: int,
+def time_group(names: list[str], size: Seq2SeqSize, batches: list[int], workdir: Path, runs: int,
+               warmup: int = 1, src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
+    """:func:`time_contender` for each of ``names`` in turn, each model freed before the next is built (so only
+    one system is alive at a time). Returns ``{name: time_contender's result}``."""
+    result = {}
+    for name in names:
+        result[name] = time_contender(name, size, batches, workdir, runs, warmup, src_len, out_len)
+        gc.collect()
+    return result
+
+
+def contender_groups(names: list[str]) -> list[list[str]]:
+    """``names`` split by the library that runs them (aiayn and the matmul floor on torch alone, transformers,
+    CTranslate2), in their order: each group shares one child process, since a library's own variants share its
+    thread pool anyway, while two libraries' pools alive in one process disturb each other."""
+    def library(name: str) -> str:
+        return "aiayn" if name == "matmul-floor" else name.split("-")[0]
+
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(library(name), []).append(name)
+    return list(groups.values())
+
+
+def child(names: list[str], size: Seq2SeqSize, batches: list[int], workdir: Path, runs: int, threads: int,
           warmup: int = 1, src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
-    """Run :func:`time_contender` in a fresh interpreter (so no other system's threads share the process)."""
+    """Run :func:`time_group` in a fresh interpreter (so no other library's threads share the process)."""
     spec = {"size": asdict(size), "batches": batches, "workdir": str(workdir), "runs": runs, "warmup": warmup,
             "src_len": src_len, "out_len": out_len}
-    cmd = [sys.executable, __file__, "--child", name, "--spec", json.dumps(spec), "--threads", str(threads)]
+    cmd = [sys.executable, __file__, "--child", ",".join(names), "--spec", json.dumps(spec),
+           "--threads", str(threads)]
     return benchlib.run_json_child(cmd)
 
 
@@ -369,9 +398,9 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
                     src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
                     threads: int = benchlib.THREADS, bf16: bool = True) -> dict[str, Any]:
     """The whole benchmark over sizes x batch sizes (the bf16 contenders only when ``bf16``). Each contender runs in
-    its own subprocess, ``rounds`` times in turn (aiayn, its int8 and bf16, transformers in fp32 and bf16,
-    CTranslate2 fp32 and int8, the matmul floor, then again), ``runs`` timed decodes per batch size each time after
-    one warm-up: ``rounds * runs`` times per median.
+    its library's subprocess (:func:`contender_groups`), ``rounds`` times in turn (aiayn, its int8 and bf16 and
+    the matmul floor; transformers in fp32 and bf16; CTranslate2 fp32 and int8; then again), ``runs`` timed
+    decodes per batch size each time after one warm-up: ``rounds * runs`` times per median.
     Returns the JSON payload.
     """
     sizes = sizes or list(SIZES.values())
@@ -387,9 +416,10 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
             del hf
             got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for _ in range(rounds):
-                for name in names:
-                    got[name].append(child(name, size, list(batches), Path(tmp), runs, threads, warmup,
-                                           src_len, out_len))
+                for group in contender_groups(names):
+                    for name, res in child(group, size, list(batches), Path(tmp), runs, threads, warmup,
+                                           src_len, out_len).items():
+                        got[name].append(res)
         for b in batches:
             times = {n: [t for r in got[n] for t in r[str(b)]["times"]] for n in names}
             lengths = {n: got[n][0][str(b)]["lengths"] for n in names if n != "matmul-floor"}
@@ -424,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                    help="sentences per decode (default 1 and 32); other batch sizes or --threads write "
                         "translate_beam-batch<N>[-<N>...]-threads<T>.json")
     benchlib.add_bf16_arg(p)
-    p.add_argument("--child", metavar="CONTENDER", choices=CONTENDERS, help=argparse.SUPPRESS)
+    p.add_argument("--child", metavar="CONTENDER[,CONTENDER...]", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     batches = tuple(args.batches or DEFAULT_BATCHES)
@@ -433,9 +463,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     benchlib.setup(args.threads)
     if args.child:
         spec = json.loads(args.spec)
-        print(json.dumps(time_contender(args.child, Seq2SeqSize(**spec["size"]), spec["batches"],
-                                        Path(spec["workdir"]), spec["runs"], spec["warmup"], spec["src_len"],
-                                        spec["out_len"])))
+        names = args.child.split(",")
+        if unknown := [n for n in names if n not in CONTENDERS]:
+            p.error(f"--child {args.child}: unknown contender(s) {unknown}; each one of {CONTENDERS}")
+        print(json.dumps(time_group(names, Seq2SeqSize(**spec["size"]), spec["batches"], Path(spec["workdir"]),
+                                    spec["runs"], spec["warmup"], spec["src_len"], spec["out_len"])))
         return None
     t0 = time.perf_counter()
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
@@ -443,7 +475,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                               rounds=args.rounds or (2 if args.quick else 3), runs=args.runs or 2,
                               threads=args.threads, bf16=benchlib.wants_bf16(args.bf16))
     payload["wall_s"] = time.perf_counter() - t0
-    print(f"beam-4 translation (alpha 0.6), each system in its own process; median of {payload['rounds']} rounds "
+    print(f"beam-4 translation (alpha 0.6), each library in its own process; median of {payload['rounds']} rounds "
           f"x {payload['runs_per_round']} runs; sentences/s")
     print(benchlib.table(payload["rows"], COLUMNS))
     for r in payload["rows"]:

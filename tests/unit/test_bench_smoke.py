@@ -137,6 +137,16 @@ def test_translate_bench_forces_equal_lengths() -> None:
         assert row["ct2_sent_s"] != row["ct2_sent_s"]  # NaN: CTranslate2 part skipped
 
 
+def test_translate_bench_groups_contenders_by_library() -> None:
+    groups = translate_beam.contender_groups(list(translate_beam.CONTENDERS))
+    assert groups == [["aiayn", "aiayn-int8", "aiayn-bf16", "matmul-floor"], ["transformers", "transformers-bf16"],
+                      ["ctranslate2-float32", "ctranslate2-float32-parallel", "ctranslate2-int8",
+                       "ctranslate2-int8-parallel"]]
+    assert sorted(n for g in groups for n in g) == sorted(translate_beam.CONTENDERS)  # each exactly once
+    with pytest.raises(SystemExit):
+        translate_beam.main(["--child", "aiayn,nope", "--spec", "{}"])
+
+
 def test_translate_bench_batches_option_names_its_own_results(capsys: pytest.CaptureFixture[str]) -> None:
     assert translate_beam.results_name(translate_beam.DEFAULT_BATCHES, benchlib.THREADS) == "translate_beam"
     assert translate_beam.results_name((16,), 1) == "translate_beam-batch16-threads1"

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn import ModelConfig, build_model
+from aiayn import ModelConfig, build_model, native
 from aiayn.generate import generate, translate
 from aiayn.nn import cpu_gemm
 from aiayn.nn.cpu_gemm import (
@@ -206,7 +206,8 @@ def test_training_steps_match_between_backends(arch: str) -> None:
 
 
 @needs_onednn
-def test_inference_packs_by_size_and_matches_torch() -> None:
+def test_inference_packs_by_size_and_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: False)  # oneDNN's products, as with AVX-512
     plain = _build("decoder", "torch").eval()
     with use_fp32_backend("onednn"):
         fast = cpu_inference_layout(copy.deepcopy(plain))
@@ -267,7 +268,9 @@ def _count_kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 def test_inference_takes_blas_below_the_size_threshold_and_never_the_autograd_wrapper(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Small inference products go to BLAS (a third of oneDNN's fixed cost), larger ones to the packed kernel, and
-    no inference call pays for the autograd.Function around oneDNN."""
+    no inference call pays for the autograd.Function around oneDNN (oneDNN's products at many rows, as on a CPU
+    with AVX-512: with AVX2 the native panel kernel takes them, tests/unit/test_native.py)."""
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: False)
     layer = nn.Linear(64, 256)
     packed = PackedLinear.from_linear(layer)
     small, large = torch.randn(1, 64), torch.randn(160, 64)  # 16k multiply-adds, and 2.6M

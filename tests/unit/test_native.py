@@ -227,3 +227,97 @@ def test_packed_linear_takes_rows_linear_for_a_few_rows_only(monkeypatch: pytest
             with frozen_weights():
                 fast(few)
             assert bool(calls) == used
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 128, 131])
+@pytest.mark.parametrize("k,n", [(256, 768), (70, 33), (1030, 16), (3, 5)])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_panel_linear_equals_reference(m: int, k: int, n: int, activation: str | None) -> None:
+    """Every edge of the blocking: rows past a 6-row block, outputs past a panel, inputs past a 512-input slice."""
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k + 3, generator=g)[:, 3:]  # rows with a stride of their own
+    w = torch.randn(n, k, generator=g).t().contiguous().t() / k ** 0.5  # column-major, as the layout leaves it
+    bias = torch.randn(n, generator=g)
+    for b in (bias, None):
+        want = native.panel_linear_reference(x.double(), w.double(), None if b is None else b.double(), activation)
+        torch.testing.assert_close(native.panel_linear(x, w, b, activation).double(), want, rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(native.panel_linear(x, w.contiguous(), b, activation).double(), want,
+                                   rtol=1e-5, atol=2e-5)  # a row-major weight packs the same
+
+
+@needs_native
+def test_panel_linear_one_thread_and_leading_dimensions() -> None:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 70, 300), torch.randn(520, 300), torch.randn(520)
+    want = native.panel_linear_reference(x, w, b)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.panel_linear(x, w, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.shape == (2, 70, 520)
+    torch.testing.assert_close(one, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(native.panel_linear(x, w, b), one, rtol=1e-5, atol=1e-4)
+    assert native.panel_linear(x[:, :0], w, b).shape == (2, 0, 520)  # no rows
+
+
+@needs_native
+def test_pack_panels_layout_and_bad_input() -> None:
+    wd = native.panel_width()
+    n, k = wd + 3, 5
+    w = torch.arange(n * k, dtype=torch.float32).view(n, k)
+    packed = native.pack_panels(w).view(2, k, wd)  # two panels, each k rows of wd outputs
+    assert torch.equal(packed[0], w[:wd].t())
+    assert torch.equal(packed[1, :, :3], w[wd:].t()) and not packed[1, :, 3:].any()  # zeros past n
+    with pytest.raises(ValueError, match="not pack_panels"):
+        native.panel_linear_plan(w, packed=packed.flatten()[:-1])
+    with pytest.raises(ValueError, match="bias"):
+        native.panel_linear(torch.randn(8, k), w, torch.randn(n + 1))
+    with pytest.raises(ValueError, match=r"x \(\.\.\., 5\)"):
+        native.panel_linear(torch.randn(8, k + 1), w)
+
+
+def test_panel_linear_is_preferred_on_avx2_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = native.library() is not None
+    for capability, want in (("AVX2", built), ("AVX512", False), ("DEFAULT", False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert native.panel_linear_preferred() is want
+    monkeypatch.setenv("AIAYN_NATIVE", "0")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert native.panel_linear_preferred() is False
+
+
+@needs_native
+def test_packed_linear_takes_panel_linear_for_many_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where preferred, a PackedLinear serves from PANEL_MIN_ROWS rows by the panel kernel, equal to nn.Linear; a
+    weight changed in place between frozen blocks is packed again; elsewhere its other products serve."""
+    from aiayn.nn.layout import column_major_linears
+    from aiayn.nn.packed import PackedLinear, frozen_weights
+
+    torch.manual_seed(0)
+    layer = column_major_linears(torch.nn.Linear(64, 200))
+    fast = PackedLinear.from_linear(layer)
+    calls = []
+    make_plan = native.panel_linear_plan
+
+    def counted_plan(*args: object, **kwargs: object) -> object:
+        plan = make_plan(*args, **kwargs)
+        return lambda x: calls.append(x.shape) or plan(x)
+
+    monkeypatch.setattr(native, "panel_linear_plan", counted_plan)
+    x = torch.randn(2, 40, 64)
+    for preferred in (True, False):
+        monkeypatch.setattr(native, "panel_linear_preferred", lambda p=preferred: p)
+        calls.clear()
+        with torch.no_grad():
+            for rows in (x[0, :native.MAX_LINEAR_ROWS], x):
+                with frozen_weights():
+                    torch.testing.assert_close(fast(rows, activation="relu"), layer(rows).relu(), rtol=1e-5,
+                                               atol=1e-5)
+            assert calls == ([x.shape] if preferred else [])
+            if preferred:
+                layer.weight.mul_(-1)  # in place: the packed copy and the kept plan must not survive it
+                with frozen_weights():
+                    torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)

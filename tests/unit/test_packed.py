@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn import ModelConfig, build_model
+from aiayn import ModelConfig, build_model, native
 from aiayn.generate import generate, translate
 from aiayn.models.heads import LMHead
 from aiayn.nn.cpu_gemm import use_fp32_backend
@@ -23,9 +23,12 @@ pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch bui
 
 
 @pytest.fixture(autouse=True)
-def _torch_fp32_backend():
+def _torch_fp32_backend(monkeypatch: pytest.MonkeyPatch):
     """These tests hold the policy of hosts where torch's BLAS is the fp32 backend (fp32 packed from two rows, only
-    where packed); tests/unit/test_cpu_gemm.py covers hosts where oneDNN is (every layer, by size)."""
+    where packed); tests/unit/test_cpu_gemm.py covers hosts where oneDNN is (every layer, by size). oneDNN's packed
+    products serve many rows, as on a CPU with AVX-512: on AVX2 ones the native panel kernel takes them
+    (tests/unit/test_native.py)."""
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: False)
     with use_fp32_backend("torch"):
         yield
 

@@ -11,6 +11,10 @@ again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
 - a linear layer at a decoding step's few rows: :func:`rows_linear` streams the (column-major) weight once, each
   thread its own contiguous band of it, where oneDNN's and MKL's kernels read it at a lower rate
   (:meth:`aiayn.nn.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows);
+- a linear layer at many rows (batched beam search's batch x beams, an encoder's tokens) on CPUs with AVX2 but not
+  AVX-512: :func:`panel_linear` multiplies by a copy of the weight packed once into panels, blocked for the caches
+  with a 6 x 16 register block, where oneDNN's fp32 kernels ran at 0.75-0.95 of its speed
+  (:func:`panel_linear_preferred`);
 - training's dropout: :func:`dropout` draws each element's 16-bit uniform from a counter-based generator
   (SplitMix64 at the element's index), in parallel and in the same pass that scales the activation, where torch's
   draws come one at a time from a Mersenne Twister; the backward pass draws the same numbers again instead of
@@ -54,7 +58,10 @@ _SIGNATURES = {
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
     "aiayn_dropout": [_P, _P, _I, ctypes.c_uint64, _I, _F, _I],
     "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
+    "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
+    "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I],
 }
+_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_ready": [_I, _I]}  # functions returning an int64
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
 #: size output layer, cache-resident, 0.97x), 1.08x at 8 and 0.93x at 16 rows, where the product is no longer bound
@@ -138,6 +145,9 @@ def _load(path: Path) -> ctypes.CDLL:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    for name, args in _INT_RESULTS.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, _I
     return lib
 
 
@@ -298,6 +308,90 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
         return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------- panel linear
+
+#: where :func:`panel_linear_preferred`, PackedLinear takes :func:`panel_linear` from this many rows (below, a
+#: step's few rows go to :func:`rows_linear`) and from PANEL_MIN_MACS multiply-adds (rows x in x out)
+PANEL_MIN_ROWS = MAX_LINEAR_ROWS + 1
+PANEL_MIN_MACS = 1 << 16
+
+
+def panel_linear_preferred() -> bool:
+    """Whether fp32 products of more than ``MAX_LINEAR_ROWS`` rows go to :func:`panel_linear`: on CPUs where torch
+    runs its AVX2 kernels (AVX2 without AVX-512: there oneDNN's fp32 kernels ran 0.75-0.95x as fast at a batched
+    beam search's 128 rows, docs/BENCHMARKS.md), with the kernels built and on."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2" and library() is not None
+
+
+def panel_width() -> int:
+    """Output columns per panel of :func:`pack_panels` (16 with AVX2, 32 with AVX-512)."""
+    return int(library().aiayn_panel_width())
+
+
+def pack_panels(weight: Tensor) -> Tensor:
+    """An (N, K) fp32 ``nn.Linear`` weight (any strides) packed for :func:`panel_linear`: (ceil(N / W) * W * K,)
+    with W = :func:`panel_width`, panel p holding outputs p W .. p W + W - 1 as K rows of W floats (zeros past N).
+    Call only where :func:`library` is not None."""
+    n, k = weight.shape
+    w = panel_width()
+    out = weight.new_empty((n + w - 1) // w * w * k)
+    library().aiayn_pack_panels(weight.data_ptr(), weight.stride(0), weight.stride(1), n, k, out.data_ptr(),
+                                torch.get_num_threads())
+    return out
+
+
+def panel_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+                           activation: str | None = None) -> Tensor:
+    """``F.linear`` then ``activation``: what :func:`panel_linear` computes. x (..., K), weight (N, K), bias (N,)
+    or None -> (..., N)."""
+    return rows_linear_reference(x, weight.t(), bias, activation)
+
+
+def panel_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """:func:`panel_linear_reference` by the native kernel; ``panel_linear_plan(weight, bias, activation)(x)``."""
+    return panel_linear_plan(weight, bias, activation)(x)
+
+
+def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: str | None = None,
+                      packed: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """:func:`panel_linear` for a fixed weight (N, K) as a function x (..., K) -> (..., N), any number of rows. It
+    multiplies by ``packed``, which must be :func:`pack_panels` of ``weight`` (a caller that keeps one across
+    plans passes it), or by a copy packed now; either way later changes to ``weight`` are not seen.
+
+    The kernel blocks the product like BLIS: each thread takes its own band of panels; a slice of 512 inputs of one
+    panel stays in L1 while every 6-row block of x (packed per call) is multiplied by it in registers, 6 x 16 sums
+    (AVX2). ``bias`` (N,) contiguous is read at each call. Call only where :func:`library` is not None and the
+    tensors are fp32 CPU tensors (:func:`cpu_fp32`). Equal to the reference up to float rounding (the sums in
+    another order; GELU's erf to about 1.5e-7).
+    """
+    n, k = weight.shape
+    if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
+        raise ValueError(f"panel_linear: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
+                         f"{bias.stride()}")
+    if packed is None:
+        packed = pack_panels(weight.detach())
+    elif packed.numel() != (n + panel_width() - 1) // panel_width() * panel_width() * k:
+        raise ValueError(f"panel_linear: packed holds {packed.numel()} floats, not pack_panels of a ({n}, {k}) weight")
+    lib, act = library(), ACTIVATIONS[activation]
+    kernel, p_ptr, b_ptr = lib.aiayn_panel_linear, packed.data_ptr(), 0 if bias is None else bias.data_ptr()
+
+    def run(x: Tensor) -> Tensor:
+        if x.shape[-1] != k:
+            raise ValueError(f"panel_linear: x (..., {k}) needed, got {tuple(x.shape)}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        y = x2.new_empty(m, n)
+        kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act, torch.get_num_threads())
+        if m and not lib.aiayn_panel_ready(m, k):
+            raise MemoryError(f"panel_linear: no memory for the packed input ({m} x {k} floats)")
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+    run.held = (packed, bias)  # type: ignore[attr-defined]
     return run
 
 

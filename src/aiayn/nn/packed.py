@@ -136,9 +136,11 @@ class PackedLinear(nn.Linear):
     _packed_key: tuple[int, int, torch.dtype, int] | None
     _halves: Tensor | None
     _halves_key: tuple[int, int, torch.dtype, int] | None
+    _panels: Tensor | None
+    _panels_key: tuple[int, int, torch.dtype, int] | None
     # (frozen_weights block, what the plans depend on (see _plan_stamp), {(shape, dtype, activation): product})
     _plans: tuple[int, tuple | None, dict] | None = None
-    _COPIES = ("packed", "halves")  # the weight-derived copies a PackedLinear keeps (see _derived)
+    _COPIES = ("packed", "halves", "panels")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
@@ -237,6 +239,10 @@ class PackedLinear(nn.Linear):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
             return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
+        if w.dtype == torch.float32 and _native_panels(x, w):  # many rows on an AVX2 CPU: a panel-packed copy
+            native = _native()
+            panels = self._derived("panels", lambda w: native.pack_panels(w.detach()))
+            return native.panel_linear_plan(w, _detached(b), activation, packed=panels)
         if w.dtype == torch.float32 and cpu_gemm.fp32_inference_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
@@ -307,6 +313,17 @@ def _native_rows(x: Tensor, w: Tensor) -> bool:
     native = _native()
     return (x.numel() <= native.MAX_LINEAR_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(0) == 1
             and native.library() is not None)
+
+
+def _native_panels(x: Tensor, w: Tensor) -> bool:
+    """Whether ``aiayn.native.panel_linear`` serves fp32 input ``x`` (..., in) times the weight ``w`` (out, in): from
+    ``native.PANEL_MIN_ROWS`` rows and ``native.PANEL_MIN_MACS`` multiply-adds, where
+    ``native.panel_linear_preferred()`` (AVX2 without AVX-512, the kernels built); not for an inference-tensor weight
+    (no version counter tells a stale packed copy)."""
+    native = _native()
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (rows >= native.PANEL_MIN_ROWS and rows * w.numel() >= native.PANEL_MIN_MACS and w.dim() == 2
+            and not w.is_inference() and native.panel_linear_preferred())
 
 
 def _detached(b: Tensor | None) -> Tensor | None:
