@@ -50,6 +50,20 @@ def test_row_top_equals_reference(n_rows: int, v: int, n: int) -> None:
 
 
 @needs_native
+def test_row_top_normalizer_at_the_exponential_edges() -> None:
+    """Masked (-inf) entries and entries more than 87.3 below the row's best add nothing, in the vector lanes and
+    in the last few columns alike; a NaN logit makes its row's normalizer NaN."""
+    x = torch.randn(3, 37) * 3
+    x[0, ::3] = float("-inf")
+    x[1, :20] = x[1].max() - 90.0
+    x[1, 36] = x[1].max() - 87.3
+    x[2, 5] = float("nan")
+    _, _, lse = native.row_top(x, 2)
+    torch.testing.assert_close(lse[:2], torch.logsumexp(x[:2].double(), -1).float(), rtol=1e-6, atol=1e-6)
+    assert lse[2].isnan()
+
+
+@needs_native
 def test_row_top_ties_and_too_few_allowed() -> None:
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
     vals, ids, _ = native.row_top(x, 3)

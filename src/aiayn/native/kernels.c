@@ -25,6 +25,7 @@
 /* exp(x) for x <= 0 (0 for x < -87.3 and for -inf), to about 2 ulp, in plain arithmetic the compiler vectorizes:
  * exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by a degree-6 polynomial. */
 static inline float exp_nonpos(float x) {
+    const float live = x <= -87.3f ? 0.0f : 1.0f;  /* a factor, not a branch at the end: GCC vectorizes that */
     x = x < -87.3f ? -87.3f : x;
     float kf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest: 1.5 * 2^23 trick */
     float r = x - kf * 0.693145751953125f;  /* ln 2 in two parts, so that r is exact */
@@ -39,8 +40,88 @@ static inline float exp_nonpos(float x) {
     int32_t bits = ((int32_t)kf + 127) << 23;  /* 2^k, k in [-126, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    float y = p * scale;
-    return x <= -87.3f ? 0.0f : y;
+    return p * scale * live;  /* p * scale is finite here, so this is 0 below the range and NaN for NaN */
+}
+
+/* Vectors of VW floats in the compiler's vector extension (one AVX-512 register, or one AVX2 register elsewhere);
+ * unaligned loads and stores through vf pointers. */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+#if defined(__AVX512F__)
+static inline float hsum(vf a) { return _mm512_reduce_add_ps((__m512)a); }  /* the lanes' sum, as a tree */
+#elif defined(__AVX__)
+static inline float hsum(vf a) {
+    const __m256 x = (__m256)a;
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+static inline float hsum(vf a) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += a[i];
+    return s;
+}
+#endif
+
+typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+/* v in every lane (a plain `(vf){0} + v` costs an addition per broadcast: adding +0 is not a no-op for -0) */
+static inline vf splat(float v) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(v);
+#elif defined(__AVX__)
+    return (vf)_mm256_set1_ps(v);
+#else
+    vf r;
+    for (int i = 0; i < VW; i++) r[i] = v;
+    return r;
+#endif
+}
+
+/* exp_nonpos on each lane, the same arithmetic in vector registers (GCC does not vectorize the scalar function's
+ * loops with AVX2: "control flow in loop"): 0 at or below -87.3 and for -inf, NaN for NaN. */
+static inline vf exp_nonpos_v(vf x) {
+    const vf lo = splat(-87.3f);
+    const vi dead = x <= lo, under = x < lo;
+    x = (vf)(((vi)x & ~under) | ((vi)lo & under));
+    const vf kf = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f);
+    vf r = x - kf * splat(0.693145751953125f);
+    r = r - kf * splat(1.42860682030941723212e-6f);
+    vf p = splat(1.0f / 720.0f);
+    p = p * r + splat(1.0f / 120.0f);
+    p = p * r + splat(1.0f / 24.0f);
+    p = p * r + splat(1.0f / 6.0f);
+    p = p * r + splat(0.5f);
+    p = p * r + splat(1.0f);
+    p = p * r + splat(1.0f);
+    const vi bits = (__builtin_convertvector(kf, vi) + 127) << 23;  /* 2^k, k in [-126, 0] */
+    return (vf)((vi)(p * (vf)bits) & ~dead);
+}
+
+/* sum_j exp_nonpos(x[j] - m) over j < n: vectors of VW lanes, then the last few */
+static inline float exp_sum(const float* x, int64_t n, float m) {
+    vf acc = {0};
+    const vf mv = splat(m);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) acc += exp_nonpos_v(*(const vf*)(x + j) - mv);
+    float s = hsum(acc);
+    for (; j < n; j++) s += exp_nonpos(x[j] - m);
+    return s;
+}
+
+static inline float dot(const float* a, const float* b, int64_t D) {  /* a . b, vectors then a tree */
+    vf acc = {0};
+    int64_t d = 0;
+    for (; d + VW <= D; d += VW) acc += *(const vf*)(a + d) * *(const vf*)(b + d);
+    float s = hsum(acc);
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
 }
 
 /* For each row r of x (N, V), row stride xs (columns contiguous):
@@ -80,57 +161,19 @@ void aiayn_row_top(const float* x, int64_t N, int64_t V, int64_t xs, const uint8
             for (int64_t j = 0; j < V && have < n; j++)
                 if (banned && banned[j]) { bv[have] = -INFINITY; bi[have] = j; have++; }
         }
-        double s = 0.0;  /* float sums of 256 terms (vectorized), added up in double */
+        double s = 0.0;  /* float sums of 256 terms (vector lanes), added up in double */
         if (m == INFINITY) {
             s = 1.0;
         } else if (m > -INFINITY) {
             for (int64_t c0 = 0; c0 < V; c0 += 256) {
                 const int64_t c1 = c0 + 256 < V ? c0 + 256 : V;
-                float part = 0.0f;
-                #pragma omp simd reduction(+:part)
-                for (int64_t j = c0; j < c1; j++) part += exp_nonpos(row[j] - m);
-                s += part;
+                s += exp_sum(row + c0, c1 - c0, m);
             }
         }
         const float l = m == INFINITY ? INFINITY : m + (float)log(s);
         lse[r] = l;
         for (int64_t i = 0; i < n; i++) bv[i] -= l;
     }
-}
-
-/* Vectors of VW floats in the compiler's vector extension (one AVX-512 register, or one AVX2 register elsewhere);
- * unaligned loads and stores through vf pointers. */
-#if defined(__AVX512F__)
-#define VW 16
-#else
-#define VW 8
-#endif
-typedef float vf __attribute__((vector_size(VW * 4), aligned(4), may_alias));
-
-#if defined(__AVX512F__)
-static inline float hsum(vf a) { return _mm512_reduce_add_ps((__m512)a); }  /* the lanes' sum, as a tree */
-#elif defined(__AVX__)
-static inline float hsum(vf a) {
-    const __m256 x = (__m256)a;
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#else
-static inline float hsum(vf a) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; i++) s += a[i];
-    return s;
-}
-#endif
-
-static inline float dot(const float* a, const float* b, int64_t D) {  /* a . b, vectors then a tree */
-    vf acc = {0};
-    int64_t d = 0;
-    for (; d + VW <= D; d += VW) acc += *(const vf*)(a + d) * *(const vf*)(b + d);
-    float s = hsum(acc);
-    for (; d < D; d++) s += a[d] * b[d];
-    return s;
 }
 
 /* One decoding step's attention: for each block b, query head h and query t,
@@ -171,7 +214,9 @@ void aiayn_few_query_attention(const float* q, int64_t q_sb, int64_t q_sh, int64
                     p[a] = scale * dot(qt, kh + ko[a], D);
                     m = p[a] > m ? p[a] : m;
                 }
-                for (int64_t a = 0; a < A; a++) p[a] = exp_nonpos(p[a] - m);  /* softmax, normalized at the end */
+                int64_t a0 = 0;  /* softmax, normalized at the end */
+                for (; a0 + VW <= A; a0 += VW) *(vf*)(p + a0) = exp_nonpos_v(*(const vf*)(p + a0) - splat(m));
+                for (; a0 < A; a0++) p[a0] = exp_nonpos(p[a0] - m);
                 #pragma omp simd reduction(+:sum)
                 for (int64_t a = 0; a < A; a++) sum += p[a];
                 const float inv = 1.0f / sum;
@@ -340,19 +385,6 @@ void aiayn_pack_panels(const float* w, int64_t w_sn, int64_t w_sk, int64_t N, in
                 dst[k * PANEL_NR + j] = n < N ? w[n * w_sn + k * w_sk] : 0.0f;
             }
     }
-}
-
-/* v in every lane (a plain `(vf){0} + v` costs an addition per broadcast: adding +0 is not a no-op for -0) */
-static inline vf splat(float v) {
-#if defined(__AVX512F__)
-    return (vf)_mm512_set1_ps(v);
-#elif defined(__AVX__)
-    return (vf)_mm256_set1_ps(v);
-#else
-    vf r;
-    for (int i = 0; i < VW; i++) r[i] = v;
-    return r;
-#endif
 }
 
 /* c (PANEL_MR x PANEL_NR, row stride ldc) = (first ? bias, or 0 where NULL : c) + a (kc x PANEL_MR, packed) times
