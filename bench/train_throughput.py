@@ -22,7 +22,8 @@ matmul through each library at hand, MKL and oneDNN, timed in the same alternati
 the peak is the fastest of those products, since the median of a few 80 ms products swung from 175 to 211 GFLOP/s
 with the host's load and a low denominator inflates every MFU; ``median_matmul_gflops`` records the median); tokens
 are target tokens. Peak memory: each configuration trains 2 steps in its own
-subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports.
+subprocess, which reports its VmHWM (peak RSS) and the increase over the RSS right after the imports; these run
+after all timing, two at a time (a process's peak RSS is its own, whatever runs beside it).
 
 ``--dtype bfloat16`` runs every implementation with mixed precision (forward and loss under
 ``torch.autocast("cpu", bfloat16)``, float32 weights, gradients and Adam), and MFU against a bf16 2048^3 matmul
@@ -38,6 +39,7 @@ attention trains in float32 (torch's CPU flash kernel is slower in bf16 with a b
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -296,10 +298,14 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
                 "mfu": flops_tok * tokens / t / peak, "peak_gflops": peak / 1e9,
                 "median_matmul_gflops": median_peak / 1e9, "times": times[impl],
             }
-            if memory:
-                row.update(measure_memory(setup, impl, quick, dtype, batch=(shape or {}).get("batch")))
             rows.append(row)
         del steps
+    if memory:  # after all timing, two workers at a time: a peak RSS is its own process's, whatever runs beside it
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            peaks = list(pool.map(lambda r: measure_memory(r["setup"], r["impl"], quick, dtype,
+                                                           batch=(shape or {}).get("batch")), rows))
+        for row, peak in zip(rows, peaks):
+            row.update(peak)
     return {"runs": runs, "quick": quick, "dtype": dtype, "rows": rows}
 
 

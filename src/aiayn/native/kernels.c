@@ -367,8 +367,12 @@ void aiayn_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const
  * twelve vector registers); the panel's slice stays in L1 and x's in L2. Each weight byte is read once per call. */
 #define PANEL_MR 6
 #define PANEL_NR (2 * VW)
+#ifndef PANEL_KC
 #define PANEL_KC 512
+#endif
+#ifndef PANEL_NC
 #define PANEL_NC 4
+#endif
 
 int64_t aiayn_panel_width(void) { return PANEL_NR; }
 
@@ -460,6 +464,43 @@ static inline void panel_block(const float* a, const float* b, int64_t kc, float
             for (int j = 0; j < PANEL_NR; j++) c[m * ldc + j] = gelu(c[m * ldc + j]);
 }
 
+/* panel_block for the last R < PANEL_MR rows of x (full panels only): R rows of sums, R a constant in each case */
+static inline __attribute__((always_inline)) void panel_rows(const int R, const float* a, const float* b, int64_t kc,
+                                                             float* c, int64_t ldc, int first, const float* bias,
+                                                             int64_t act, int finish) {
+    vf acc[PANEL_MR][2];
+    for (int m = 0; m < R; m++)
+        for (int j = 0; j < 2; j++)
+            acc[m][j] = !first ? *(const vf*)(c + m * ldc + j * VW) : bias ? *(const vf*)(bias + j * VW) : (vf){0};
+    for (int64_t k = 0; k < kc; k++) {
+        const vf b0 = *(const vf*)(b + k * PANEL_NR), b1 = *(const vf*)(b + k * PANEL_NR + VW);
+        for (int m = 0; m < R; m++) {
+            const vf xb = splat(a[k * PANEL_MR + m]);
+            acc[m][0] += xb * b0;
+            acc[m][1] += xb * b1;
+        }
+    }
+    for (int m = 0; m < R; m++)
+        for (int j = 0; j < 2; j++) *(vf*)(c + m * ldc + j * VW) = acc[m][j];
+    if (finish && act)
+        for (int m = 0; m < R; m++)
+            for (int j = 0; j < PANEL_NR; j++) {
+                const float v = c[m * ldc + j];
+                c[m * ldc + j] = act == 1 ? (v > 0.0f ? v : 0.0f) : gelu(v);
+            }
+}
+
+static void panel_few_rows(int64_t R, const float* a, const float* b, int64_t kc, float* c, int64_t ldc, int first,
+                           const float* bias, int64_t act, int finish) {
+    switch (R) {
+        case 1: panel_rows(1, a, b, kc, c, ldc, first, bias, act, finish); break;
+        case 2: panel_rows(2, a, b, kc, c, ldc, first, bias, act, finish); break;
+        case 3: panel_rows(3, a, b, kc, c, ldc, first, bias, act, finish); break;
+        case 4: panel_rows(4, a, b, kc, c, ldc, first, bias, act, finish); break;
+        default: panel_rows(5, a, b, kc, c, ldc, first, bias, act, finish); break;
+    }
+}
+
 static _Thread_local float* panel_x;  /* the calling thread's packed x, grown as needed (kept: no page faults) */
 static _Thread_local int64_t panel_x_cap;
 
@@ -518,6 +559,10 @@ void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, cons
                         float* c = y + m0 * y_sm + n0;
                         if (mv == PANEL_MR && nv == PANEL_NR) {
                             panel_block(a, b, kc, c, y_sm, first, pb, act, finish);
+                            continue;
+                        }
+                        if (nv == PANEL_NR) {  /* the last few rows: only theirs computed */
+                            panel_few_rows(mv, a, b, kc, c, y_sm, first, pb, act, finish);
                             continue;
                         }
                         if (!first)  /* a partial block goes through a full-size tile */
