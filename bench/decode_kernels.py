@@ -8,7 +8,8 @@ Microseconds per call (median of ``--runs`` batches of calls, warm caches, in on
    decoding (1 = greedy batch 1, 4 = one sentence's beams, 16, 128 = 32 sentences x 4 beams), through
    ``F.linear`` (MKL in x86 builds) with the weight row-major and column-major (:mod:`aiayn.nn.layout`), oneDNN with
    the plain weight and with the prepacked one (:mod:`aiayn.nn.packed`), oneDNN behind the autograd wrapper
-   (``cpu_gemm.OneDNNLinear``), and ``PackedLinear`` as aiayn dispatches it under the active fp32 policy
+   (``cpu_gemm.OneDNNLinear``), the native panel kernel (``native_panel_us``, :func:`aiayn.native.panel_linear`,
+   where the kernels are built), and ``PackedLinear`` as aiayn dispatches it under the active fp32 policy
    (``aiayn_us``, :mod:`aiayn.nn.cpu_gemm`; ``AIAYN_FP32_CPU_GEMM`` forces one).
 2. Greedy search's argmax over an output layer (1, 2, 4 and 16 rows), with caches evicted before every call (a
    96 MB read: a batch-1 step streams more than the L3 cache holds, so each layer comes from memory): the fp32
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
+from aiayn import native  # noqa: E402
 from aiayn.generate.screened_argmax import make_screen, screen_dtype, screened_argmax  # noqa: E402
 from aiayn.generate.topk import row_argmax  # noqa: E402
 from aiayn.nn import cpu_gemm  # noqa: E402
@@ -64,7 +66,7 @@ ARGMAX_ROWS = (1, 2, 4, 16)
 ATTENTION = [("multi30k", 4, 4, 64, 20), ("multi30k", 128, 4, 64, 20), ("paper-base", 4, 8, 64, 20),
              ("paper-base", 128, 8, 64, 20)]
 LINEAR_COLUMNS = ["model", "in", "out", "rows", "row_major_us", "column_major_us", "onednn_us", "onednn_packed_us",
-                  "onednn_autograd_us", "aiayn_us", "fastest"]
+                  "onednn_autograd_us", "native_panel_us", "aiayn_us", "fastest"]
 ARGMAX_COLUMNS = ["model", "in", "out", "rows", "screen", "fp32_us", "screened_us", "speedup", "settled", "same"]
 ATTENTION_COLUMNS = ["model", "rows", "heads", "kind", "keys", "flash_us", "two_matmuls_us", "ratio"]
 
@@ -93,9 +95,10 @@ def linear_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
         aiayn = PackedLinear.from_linear(column_major)  # what cpu_inference_layout gives on the oneDNN backend
         w, b = layer.weight.detach(), layer.bias.detach()
         packed = pack_weight(w)
+        panel = native.panel_linear_plan(w, b) if native.library() is not None else None
         for m in rows:
             with torch.inference_mode():
-                us = per_call_us(_linear_paths(torch.randn(m, n_in), w, b, column_major, packed, aiayn), runs)
+                us = per_call_us(_linear_paths(torch.randn(m, n_in), w, b, column_major, packed, aiayn, panel), runs)
             fastest = min((k for k in us if k != "aiayn_us"), key=us.__getitem__)
             out.append({"model": model, "in": n_in, "out": n_out, "rows": m, **us,
                         "fastest": fastest.removesuffix("_us")})
@@ -103,13 +106,16 @@ def linear_rows(layers: list[tuple[str, int, int]], rows: tuple[int, ...], runs:
 
 
 def _linear_paths(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, column_major: torch.nn.Linear,
-                  packed: torch.Tensor, aiayn: PackedLinear) -> dict[str, Callable[[], Any]]:
-    """The callables :func:`linear_rows` times for input x (M, in): one per path."""
+                  packed: torch.Tensor, aiayn: PackedLinear,
+                  panel: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Callable[[], Any]]:
+    """The callables :func:`linear_rows` times for input x (M, in): one per path (``panel``: the native panel
+    kernel's plan for this layer, where the kernels are built)."""
     return {"row_major_us": lambda: F.linear(x, w, b),
             "column_major_us": lambda: F.linear(x, column_major.weight, column_major.bias),
             "onednn_us": lambda: cpu_gemm._onednn_nt(x, w, b),
             "onednn_packed_us": lambda: packed_linear(x, packed, b),
             "onednn_autograd_us": lambda: cpu_gemm.OneDNNLinear.apply(x, w, b),
+            **({"native_panel_us": lambda: panel(x)} if panel is not None else {}),
             "aiayn_us": lambda: aiayn(x)}
 
 
