@@ -328,7 +328,13 @@ def panel_linear_preferred() -> bool:
 
 def panel_width() -> int:
     """Output columns per panel of :func:`pack_panels` (16 with AVX2, 32 with AVX-512)."""
-    return int(library().aiayn_panel_width())
+    global _panel_width
+    if _panel_width is None:  # the compiled library's constant: asked once
+        _panel_width = int(library().aiayn_panel_width())
+    return _panel_width
+
+
+_panel_width: int | None = None
 
 
 def pack_panels(weight: Tensor) -> Tensor:
@@ -371,9 +377,10 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
     if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
         raise ValueError(f"panel_linear: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
                          f"{bias.stride()}")
+    width = panel_width()
     if packed is None:
         packed = pack_panels(weight.detach())
-    elif packed.numel() != (n + panel_width() - 1) // panel_width() * panel_width() * k:
+    elif packed.numel() != (n + width - 1) // width * width * k:
         raise ValueError(f"panel_linear: packed holds {packed.numel()} floats, not pack_panels of a ({n}, {k}) weight")
     lib, act = library(), ACTIVATIONS[activation]
     kernel, p_ptr, b_ptr = lib.aiayn_panel_linear, packed.data_ptr(), 0 if bias is None else bias.data_ptr()

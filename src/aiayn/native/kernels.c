@@ -263,8 +263,12 @@ static inline float gelu(float x) {
  * ROWS_KB weight rows at a time in registers (4 rows of x by ROWS_NV vectors of outputs), and the threads' partial
  * sums are added at the end. x: (M, K), row stride x_sm; y: (M, N), row stride y_sm; bias: (N,) or NULL;
  * act: none (activation 0), ReLU (1) or GELU (2). */
+#ifndef ROWS_KB
 #define ROWS_KB 8
+#endif
+#ifndef ROWS_NV
 #define ROWS_NV 4
+#endif
 #define DEFINE_ROWS_BLOCK(MR)                                                                                      \
 static void rows_block_##MR(const float* x, int64_t x_sm, int64_t k0, int64_t k1, const float* wt, int64_t w_sk,  \
                             const float* bias, float* y, int64_t y_sm, int64_t n0, int64_t n1) {                  \
@@ -281,7 +285,7 @@ static void rows_block_##MR(const float* x, int64_t x_sm, int64_t k0, int64_t k1
                 vf w[ROWS_NV];                                                                                     \
                 for (int j = 0; j < ROWS_NV; j++) w[j] = *(const vf*)(wt + k * w_sk + n + j * VW);                 \
                 for (int m = 0; m < MR; m++) {                                                                     \
-                    const vf xb = (vf){0} + x[m * x_sm + k];                                                       \
+                    const vf xb = splat(x[m * x_sm + k]);                                                          \
                     for (int j = 0; j < ROWS_NV; j++) acc[m][j] += xb * w[j];                                      \
                 }                                                                                                  \
             }                                                                                                      \
@@ -391,6 +395,33 @@ void aiayn_pack_panels(const float* w, int64_t w_sn, int64_t w_sk, int64_t N, in
     }
 }
 
+/* panel_block for R <= PANEL_MR rows of x (full panels only), R a constant at each call: the last few rows of x,
+ * and every block where the AVX2 form below does not apply */
+static inline __attribute__((always_inline)) void panel_rows(const int R, const float* a, const float* b, int64_t kc,
+                                                             float* c, int64_t ldc, int first, const float* bias,
+                                                             int64_t act, int finish) {
+    vf acc[PANEL_MR][2];
+    for (int m = 0; m < R; m++)
+        for (int j = 0; j < 2; j++)
+            acc[m][j] = !first ? *(const vf*)(c + m * ldc + j * VW) : bias ? *(const vf*)(bias + j * VW) : (vf){0};
+    for (int64_t k = 0; k < kc; k++) {
+        const vf b0 = *(const vf*)(b + k * PANEL_NR), b1 = *(const vf*)(b + k * PANEL_NR + VW);
+        for (int m = 0; m < R; m++) {
+            const vf xb = splat(a[k * PANEL_MR + m]);
+            acc[m][0] += xb * b0;
+            acc[m][1] += xb * b1;
+        }
+    }
+    for (int m = 0; m < R; m++)
+        for (int j = 0; j < 2; j++) *(vf*)(c + m * ldc + j * VW) = acc[m][j];
+    if (finish && act)
+        for (int m = 0; m < R; m++)
+            for (int j = 0; j < PANEL_NR; j++) {
+                const float v = c[m * ldc + j];
+                c[m * ldc + j] = act == 1 ? (v > 0.0f ? v : 0.0f) : gelu(v);
+            }
+}
+
 /* c (PANEL_MR x PANEL_NR, row stride ldc) = (first ? bias, or 0 where NULL : c) + a (kc x PANEL_MR, packed) times
  * b (kc x PANEL_NR, one panel's slice); then ReLU or GELU (act 1, 2) if `finish`. */
 static inline void panel_block(const float* a, const float* b, int64_t kc, float* c, int64_t ldc, int first,
@@ -440,54 +471,12 @@ static inline void panel_block(const float* a, const float* b, int64_t kc, float
     _mm256_storeu_ps(c + 3 * ldc, c30); _mm256_storeu_ps(c + 3 * ldc + 8, c31);
     _mm256_storeu_ps(c + 4 * ldc, c40); _mm256_storeu_ps(c + 4 * ldc + 8, c41);
     _mm256_storeu_ps(c + 5 * ldc, c50); _mm256_storeu_ps(c + 5 * ldc + 8, c51);
-#else
-    vf acc[PANEL_MR][2];
-    for (int m = 0; m < PANEL_MR; m++)
-        for (int j = 0; j < 2; j++)
-            acc[m][j] = !first ? *(const vf*)(c + m * ldc + j * VW) : bias ? *(const vf*)(bias + j * VW) : (vf){0};
-    for (int64_t k = 0; k < kc; k++) {
-        const vf b0 = *(const vf*)(b + k * PANEL_NR), b1 = *(const vf*)(b + k * PANEL_NR + VW);
-        for (int m = 0; m < PANEL_MR; m++) {
-            const vf xb = splat(a[k * PANEL_MR + m]);
-            acc[m][0] += xb * b0;
-            acc[m][1] += xb * b1;
-        }
-    }
-    for (int m = 0; m < PANEL_MR; m++)
-        for (int j = 0; j < 2; j++) *(vf*)(c + m * ldc + j * VW) = acc[m][j];
-    if (finish && act == 1)
-        for (int m = 0; m < PANEL_MR; m++)
-            for (int j = 0; j < PANEL_NR; j++) c[m * ldc + j] = c[m * ldc + j] > 0.0f ? c[m * ldc + j] : 0.0f;
-#endif
     if (finish && act == 2)
         for (int m = 0; m < PANEL_MR; m++)
             for (int j = 0; j < PANEL_NR; j++) c[m * ldc + j] = gelu(c[m * ldc + j]);
-}
-
-/* panel_block for the last R < PANEL_MR rows of x (full panels only): R rows of sums, R a constant in each case */
-static inline __attribute__((always_inline)) void panel_rows(const int R, const float* a, const float* b, int64_t kc,
-                                                             float* c, int64_t ldc, int first, const float* bias,
-                                                             int64_t act, int finish) {
-    vf acc[PANEL_MR][2];
-    for (int m = 0; m < R; m++)
-        for (int j = 0; j < 2; j++)
-            acc[m][j] = !first ? *(const vf*)(c + m * ldc + j * VW) : bias ? *(const vf*)(bias + j * VW) : (vf){0};
-    for (int64_t k = 0; k < kc; k++) {
-        const vf b0 = *(const vf*)(b + k * PANEL_NR), b1 = *(const vf*)(b + k * PANEL_NR + VW);
-        for (int m = 0; m < R; m++) {
-            const vf xb = splat(a[k * PANEL_MR + m]);
-            acc[m][0] += xb * b0;
-            acc[m][1] += xb * b1;
-        }
-    }
-    for (int m = 0; m < R; m++)
-        for (int j = 0; j < 2; j++) *(vf*)(c + m * ldc + j * VW) = acc[m][j];
-    if (finish && act)
-        for (int m = 0; m < R; m++)
-            for (int j = 0; j < PANEL_NR; j++) {
-                const float v = c[m * ldc + j];
-                c[m * ldc + j] = act == 1 ? (v > 0.0f ? v : 0.0f) : gelu(v);
-            }
+#else
+    panel_rows(PANEL_MR, a, b, kc, c, ldc, first, bias, act, finish);
+#endif
 }
 
 static void panel_few_rows(int64_t R, const float* a, const float* b, int64_t kc, float* c, int64_t ldc, int first,
