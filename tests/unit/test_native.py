@@ -335,3 +335,18 @@ def test_packed_linear_takes_panel_linear_for_many_rows(monkeypatch: pytest.Monk
                 layer.weight.mul_(-1)  # in place: the packed copy and the kept plan must not survive it
                 with frozen_weights():
                     torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_panel_linear_from_several_threads_at_once() -> None:
+    """Each calling thread packs its input into its own scratch: concurrent calls of different sizes stay right."""
+    import concurrent.futures
+
+    torch.manual_seed(0)
+    w, b = torch.randn(300, 200), torch.randn(300)
+    plan = native.panel_linear_plan(w, b)
+    xs = [torch.randn(rows, 200) for rows in (7, 130, 64, 5, 300, 12) * 3]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        got = list(pool.map(plan, xs))
+    for x, y in zip(xs, got):
+        torch.testing.assert_close(y, native.panel_linear_reference(x, w, b), rtol=1e-5, atol=1e-4)

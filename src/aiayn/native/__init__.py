@@ -40,6 +40,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,9 +60,9 @@ _SIGNATURES = {
     "aiayn_dropout": [_P, _P, _I, ctypes.c_uint64, _I, _F, _I],
     "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
     "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
-    "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I],
+    "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _I],
 }
-_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_ready": [_I, _I]}  # functions returning an int64
+_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_scratch": [_I, _I]}  # functions returning an int64
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
 #: size output layer, cache-resident, 0.97x), 1.08x at 8 and 0.93x at 16 rows, where the product is no longer bound
@@ -319,6 +320,23 @@ PANEL_MIN_ROWS = MAX_LINEAR_ROWS + 1
 PANEL_MIN_MACS = 1 << 16
 
 
+class _Scratch(threading.local):
+    buffer: Tensor | None = None
+
+
+_scratch = _Scratch()
+
+
+def _panel_scratch(floats: int) -> int:
+    """The address of this thread's scratch for :func:`panel_linear`'s packed input, at least ``floats`` long: kept
+    and grown as needed (a fresh allocation of that size would cost page faults at every call), freed with the
+    thread."""
+    buf = _scratch.buffer
+    if buf is None or buf.numel() < floats:
+        buf = _scratch.buffer = torch.empty(max(floats, 1))
+    return buf.data_ptr()
+
+
 def panel_linear_preferred() -> bool:
     """Whether fp32 products of more than ``MAX_LINEAR_ROWS`` rows go to :func:`panel_linear`: on CPUs where torch
     runs its AVX2 kernels (AVX2 without AVX-512: there oneDNN's fp32 kernels ran 0.75-0.95x as fast at a batched
@@ -393,9 +411,8 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
             x2 = x2.contiguous()
         m = x2.shape[0]
         y = x2.new_empty(m, n)
-        kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act, torch.get_num_threads())
-        if m and not lib.aiayn_panel_ready(m, k):
-            raise MemoryError(f"panel_linear: no memory for the packed input ({m} x {k} floats)")
+        kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act,
+               _panel_scratch(lib.aiayn_panel_scratch(m, k)), torch.get_num_threads())
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]

@@ -490,21 +490,12 @@ static void panel_few_rows(int64_t R, const float* a, const float* b, int64_t kc
     }
 }
 
-static _Thread_local float* panel_x;  /* the calling thread's packed x, grown as needed (kept: no page faults) */
-static _Thread_local int64_t panel_x_cap;
-
-/* x (M, K), row stride x_sm; wp: W packed by aiayn_pack_panels; bias (N,) or NULL; y (M, N), row stride y_sm. */
+/* x (M, K), row stride x_sm; wp: W packed by aiayn_pack_panels; bias (N,) or NULL; y (M, N), row stride y_sm;
+ * scratch: room for x packed, aiayn_panel_scratch(M, K) floats (the caller keeps it across calls: no page faults). */
 void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const float* wp, int64_t N,
-                        const float* bias, float* y, int64_t y_sm, int64_t act, int64_t threads) {
+                        const float* bias, float* y, int64_t y_sm, int64_t act, float* scratch, int64_t threads) {
     const int64_t MB = (M + PANEL_MR - 1) / PANEL_MR, P = (N + PANEL_NR - 1) / PANEL_NR;
-    const int64_t need = MB * PANEL_MR * K;
-    if (need > panel_x_cap) {
-        free(panel_x);
-        panel_x = (float*)malloc(sizeof(float) * need);
-        panel_x_cap = panel_x ? need : 0;
-        if (!panel_x) return;  /* the caller checks aiayn_panel_ready */
-    }
-    float* const ap = panel_x;
+    float* const ap = scratch;
     int64_t T = threads < 1 ? 1 : threads;
     if (T > P) T = P;
     if (M * N * K < (1 << 18)) T = 1;  /* too small to share */
@@ -567,10 +558,8 @@ void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, cons
     }
 }
 
-/* Whether the calling thread's scratch for x holds (M rows padded to PANEL_MR) x K floats after a call. */
-int64_t aiayn_panel_ready(int64_t M, int64_t K) {
-    return panel_x != NULL && (M + PANEL_MR - 1) / PANEL_MR * PANEL_MR * K <= panel_x_cap;
-}
+/* The floats aiayn_panel_linear's scratch needs for M rows of K inputs (M padded to whole row blocks). */
+int64_t aiayn_panel_scratch(int64_t M, int64_t K) { return (M + PANEL_MR - 1) / PANEL_MR * PANEL_MR * K; }
 
 /* ----------------------------------------------------------------------------------------------- int8 screen */
 
