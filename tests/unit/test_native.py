@@ -350,3 +350,29 @@ def test_panel_linear_from_several_threads_at_once() -> None:
         got = list(pool.map(plan, xs))
     for x, y in zip(xs, got):
         torch.testing.assert_close(y, native.panel_linear_reference(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+def test_wide_layers_take_the_panel_kernel_from_two_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layers at least PANEL_FEW_ROWS_MIN_FEATURES wide in and out take the panel kernel from two rows where it is
+    preferred; one row, and narrower layers up to MAX_LINEAR_ROWS rows, stay with rows_linear."""
+    from aiayn.nn.layout import column_major_linears
+    from aiayn.nn.packed import PackedLinear
+
+    width = native.PANEL_FEW_ROWS_MIN_FEATURES
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)
+    used = []
+    for name in ("panel_linear_plan", "rows_linear_plan"):
+        make = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _make=make, _name=name, **k: used.append(_name) or _make(*a, **k))
+    torch.manual_seed(0)
+    for n_in, n_out, rows, want in ((width, width, 2, "panel_linear_plan"), (width, width, 1, "rows_linear_plan"),
+                                    (width // 2, width, 4, "rows_linear_plan"),
+                                    (width, width // 2, native.PANEL_MIN_ROWS, "panel_linear_plan")):
+        layer = column_major_linears(torch.nn.Linear(n_in, n_out))
+        fast = PackedLinear.from_linear(layer)
+        x = torch.randn(rows, n_in)
+        used.clear()
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-4)
+        assert used == [want], (n_in, n_out, rows)

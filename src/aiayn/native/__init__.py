@@ -318,6 +318,10 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
 #: step's few rows go to :func:`rows_linear`) and from PANEL_MIN_MACS multiply-adds (rows x in x out)
 PANEL_MIN_ROWS = MAX_LINEAR_ROWS + 1
 PANEL_MIN_MACS = 1 << 16
+#: ... and from two rows for layers at least this wide in and out: whole paper-base beam decodes at batch 1 (4 rows)
+#: ran 1.11-1.13x faster with them there, while at the Multi30k size (256 wide) rows_linear kept 1-4 rows as fast or
+#: faster (docs/BENCHMARKS.md)
+PANEL_FEW_ROWS_MIN_FEATURES = 512
 
 
 class _Scratch(threading.local):

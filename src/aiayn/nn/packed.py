@@ -237,12 +237,12 @@ class PackedLinear(nn.Linear):
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
-        if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
-            return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
         if w.dtype == torch.float32 and _native_panels(x, w):  # many rows on an AVX2 CPU: a panel-packed copy
             native = _native()
             panels = self._derived("panels", lambda w: native.pack_panels(w.detach()))
             return native.panel_linear_plan(w, _detached(b), activation, packed=panels)
+        if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
+            return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_inference_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
@@ -317,12 +317,14 @@ def _native_rows(x: Tensor, w: Tensor) -> bool:
 
 def _native_panels(x: Tensor, w: Tensor) -> bool:
     """Whether ``aiayn.native.panel_linear`` serves fp32 input ``x`` (..., in) times the weight ``w`` (out, in): from
-    ``native.PANEL_MIN_ROWS`` rows and ``native.PANEL_MIN_MACS`` multiply-adds, where
-    ``native.panel_linear_preferred()`` (AVX2 without AVX-512, the kernels built); not for an inference-tensor weight
-    (no version counter tells a stale packed copy)."""
+    ``native.PANEL_MIN_ROWS`` rows (from two where ``w`` is at least ``native.PANEL_FEW_ROWS_MIN_FEATURES`` wide in
+    and out) and ``native.PANEL_MIN_MACS`` multiply-adds, where ``native.panel_linear_preferred()`` (AVX2 without
+    AVX-512, the kernels built); not for an inference-tensor weight (no version counter tells a stale packed
+    copy)."""
     native = _native()
     rows = x.numel() // max(x.shape[-1], 1)
-    return (rows >= native.PANEL_MIN_ROWS and rows * w.numel() >= native.PANEL_MIN_MACS and w.dim() == 2
+    min_rows = 2 if w.dim() == 2 and min(w.shape) >= native.PANEL_FEW_ROWS_MIN_FEATURES else native.PANEL_MIN_ROWS
+    return (rows >= min_rows and rows * w.numel() >= native.PANEL_MIN_MACS and w.dim() == 2
             and not w.is_inference() and native.panel_linear_preferred())
 
 
