@@ -184,7 +184,10 @@ class PackedLinear(nn.Linear):
         rows or more) where oneDNN is the fp32 inference backend (there BLAS's fixed cost is lower; a single row of
         at least ``MIN_SPLIT_ROW_MACS`` as two half-width products on two threads instead), the packed kernel for
         larger ones there and, on other backends, from ``MIN_PACKED_ROWS`` rows (when :meth:`_packable`), and otherwise
-        ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``).
+        ``cpu_gemm.linear`` (oneDNN unpacked, or ``F.linear``). Before all of these, where the native kernels are
+        built (:mod:`aiayn.native`): fp32 products on CPUs with AVX2 but not AVX-512 from ``native.PANEL_MIN_ROWS``
+        rows (two for layers 512 wide) take ``native.panel_linear`` (a panel-packed copy kept like the oneDNN one),
+        and otherwise up to ``native.MAX_LINEAR_ROWS`` rows by a column-major weight ``native.rows_linear``.
 
         ``activation`` ("relu" or "gelu", see ``FUSED_ACTIVATIONS``) returns that function of the result instead:
         on the packed path oneDNN applies it in the same call, which saves an elementwise pass and its fixed cost
