@@ -62,7 +62,7 @@ _SIGNATURES = {
     "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
     "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _I],
 }
-_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_scratch": [_I, _I]}  # functions returning an int64
+_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_block_rows": []}  # functions returning an int64
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
 #: size output layer, cache-resident, 0.97x), 1.08x at 8 and 0.93x at 16 rows, where the product is no longer bound
@@ -143,12 +143,9 @@ def _build() -> Path:
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    for name, args in _SIGNATURES.items():
+    for name, args in {**_SIGNATURES, **_INT_RESULTS}.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
-    for name, args in _INT_RESULTS.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, _I
+        fn.argtypes, fn.restype = args, _I if name in _INT_RESULTS else None
     return lib
 
 
@@ -257,6 +254,15 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # what rows_linear applies to its result, by name: the kernel's code
 
 
+def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
+    """x (..., k) as the (rows, k) matrix with a contiguous last dimension the linear kernels take (a view where it
+    can be); ``who`` names the kernel in the error for another width."""
+    if x.shape[-1] != k:
+        raise ValueError(f"{who}: x (..., {k}) needed, got {tuple(x.shape)}")
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
 def rows_linear_reference(x: Tensor, wt: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
     """``F.linear`` by the transposed weight, then ``activation``: what :func:`rows_linear` computes.
 
@@ -298,11 +304,7 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
     held = (wt, bias)  # kept alive with the pointers above
 
     def run(x: Tensor) -> Tensor:
-        if x.shape[-1] != K:
-            raise ValueError(f"rows_linear: x (..., {K}) needed, got {tuple(x.shape)}")
-        x2 = x if x.dim() == 2 else x.reshape(-1, K)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
+        x2 = _matrix_rows(x, K, "rows_linear")
         y = x2.new_empty(x2.shape[0], N)
         kernel(x2.data_ptr(), x2.stride(0), x2.shape[0], K, w_ptr, w_sk, N, b_ptr, y.data_ptr(), N, act,
                torch.get_num_threads())
@@ -406,17 +408,14 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
         raise ValueError(f"panel_linear: packed holds {packed.numel()} floats, not pack_panels of a ({n}, {k}) weight")
     lib, act = library(), ACTIVATIONS[activation]
     kernel, p_ptr, b_ptr = lib.aiayn_panel_linear, packed.data_ptr(), 0 if bias is None else bias.data_ptr()
+    block_rows = int(lib.aiayn_panel_block_rows())  # the scratch holds m rounded up to whole blocks, times k
 
     def run(x: Tensor) -> Tensor:
-        if x.shape[-1] != k:
-            raise ValueError(f"panel_linear: x (..., {k}) needed, got {tuple(x.shape)}")
-        x2 = x if x.dim() == 2 else x.reshape(-1, k)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
+        x2 = _matrix_rows(x, k, "panel_linear")
         m = x2.shape[0]
         y = x2.new_empty(m, n)
         kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act,
-               _panel_scratch(lib.aiayn_panel_scratch(m, k)), torch.get_num_threads())
+               _panel_scratch(-(-m // block_rows) * block_rows * k), torch.get_num_threads())
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]

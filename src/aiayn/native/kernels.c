@@ -20,12 +20,17 @@
 #endif
 #if defined(_OPENMP)
 #include <omp.h>
+#define THREAD_INDEX() omp_get_thread_num()  /* inside a parallel region: this thread's index, the team's size */
+#define THREAD_COUNT() omp_get_num_threads()
+#else
+#define THREAD_INDEX() 0
+#define THREAD_COUNT() 1
 #endif
 
-/* exp(x) for x <= 0 (0 for x < -87.3 and for -inf), to about 2 ulp, in plain arithmetic the compiler vectorizes:
+/* exp(x) for x <= 0 (0 for x < -87.3 and for -inf), to about 2 ulp, in plain arithmetic (exp_nonpos_v below is the
+ * same in vector lanes, since GCC leaves loops over this scalar with AVX2):
  * exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by a degree-6 polynomial. */
 static inline float exp_nonpos(float x) {
-    const float live = x <= -87.3f ? 0.0f : 1.0f;  /* a factor, not a branch at the end: GCC vectorizes that */
     x = x < -87.3f ? -87.3f : x;
     float kf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest: 1.5 * 2^23 trick */
     float r = x - kf * 0.693145751953125f;  /* ln 2 in two parts, so that r is exact */
@@ -40,7 +45,8 @@ static inline float exp_nonpos(float x) {
     int32_t bits = ((int32_t)kf + 127) << 23;  /* 2^k, k in [-126, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale * live;  /* p * scale is finite here, so this is 0 below the range and NaN for NaN */
+    float y = p * scale;
+    return x <= -87.3f ? 0.0f : y;
 }
 
 /* Vectors of VW floats in the compiler's vector extension (one AVX-512 register, or one AVX2 register elsewhere);
@@ -329,11 +335,7 @@ void aiayn_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const
     if (!part) T = 1;
     #pragma omp parallel num_threads(T) if (T > 1)
     {
-#if defined(_OPENMP)
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
+        const int64_t t = THREAD_INDEX(), nt = THREAD_COUNT();
         const int64_t k0 = K * t / nt / ROWS_KB * ROWS_KB, k1 = t == nt - 1 ? K : K * (t + 1) / nt / ROWS_KB * ROWS_KB;
         float* out = t == 0 ? y : part + (t - 1) * M * N;
         const int64_t o_sm = t == 0 ? y_sm : N;
@@ -491,7 +493,7 @@ static void panel_few_rows(int64_t R, const float* a, const float* b, int64_t kc
 }
 
 /* x (M, K), row stride x_sm; wp: W packed by aiayn_pack_panels; bias (N,) or NULL; y (M, N), row stride y_sm;
- * scratch: room for x packed, aiayn_panel_scratch(M, K) floats (the caller keeps it across calls: no page faults). */
+ * scratch: room for x packed, M rounded up to aiayn_panel_block_rows() times K floats (the caller keeps it across calls: no page faults). */
 void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const float* wp, int64_t N,
                         const float* bias, float* y, int64_t y_sm, int64_t act, float* scratch, int64_t threads) {
     const int64_t MB = (M + PANEL_MR - 1) / PANEL_MR, P = (N + PANEL_NR - 1) / PANEL_NR;
@@ -501,11 +503,7 @@ void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, cons
     if (M * N * K < (1 << 18)) T = 1;  /* too small to share */
     #pragma omp parallel num_threads(T) if (T > 1)
     {
-#if defined(_OPENMP)
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
+        const int64_t t = THREAD_INDEX(), nt = THREAD_COUNT();
         #pragma omp for schedule(static)
         for (int64_t i = 0; i < MB; i++) {  /* x's row blocks, k-major, zeros past M */
             float* dst = ap + i * PANEL_MR * K;
@@ -558,8 +556,8 @@ void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, cons
     }
 }
 
-/* The floats aiayn_panel_linear's scratch needs for M rows of K inputs (M padded to whole row blocks). */
-int64_t aiayn_panel_scratch(int64_t M, int64_t K) { return (M + PANEL_MR - 1) / PANEL_MR * PANEL_MR * K; }
+/* Rows of x per register block: aiayn_panel_linear's scratch holds M rounded up to a multiple of this, times K. */
+int64_t aiayn_panel_block_rows(void) { return PANEL_MR; }
 
 /* ----------------------------------------------------------------------------------------------- int8 screen */
 
