@@ -181,10 +181,13 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     if impl in ("aiayn", "aiayn-torch-dropout"):  # aiayn's trainer path: hidden states, fused projection + loss
         model = build_model(c)
         flat = labels  # (B, T)
-        hidden = ((lambda: model(src, tgt_in, compute_logits=False).hidden) if src is not None
-                  else (lambda: model(tgt_in, compute_logits=False).hidden))
-        loss_fn = lambda: linear_label_smoothed_nll(  # noqa: E731
-            hidden(), model.lm_head.proj.weight, flat, 0.0)[0] / flat.numel()
+        # hidden states and the output weight as this forward's graph holds it (aiayn.nn.tied_embedding)
+        hidden = ((lambda: model(src, tgt_in, compute_logits=False, output_weight=True)) if src is not None
+                  else (lambda: model(tgt_in, compute_logits=False, output_weight=True)))
+
+        def loss_fn() -> Tensor:
+            out = hidden()
+            return linear_label_smoothed_nll(out.hidden, out.output_weight, flat, 0.0)[0] / flat.numel()
     elif impl == "torch.nn.Transformer":
         model = TorchSeq2Seq(c)
         forward = lambda: model(src, tgt_in)  # noqa: E731

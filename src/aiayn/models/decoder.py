@@ -9,6 +9,7 @@ from aiayn.models.heads import LMHead
 from aiayn.models.output import ModelOutput
 from aiayn.models.stack import TransformerStack
 from aiayn.nn import masks as M
+from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
 
 
@@ -38,6 +39,7 @@ class DecoderModel(nn.Module):
         cache: DecoderCache | None = None,
         return_weights: bool = False,
         compute_logits: bool = True,
+        output_weight: bool = False,
     ) -> ModelOutput:
         """Next-token logits.
 
@@ -51,6 +53,8 @@ class DecoderModel(nn.Module):
             return_weights: include per-layer attention weights under ``attentions["self"]``.
             compute_logits: False skips the output projection (``logits`` is None; the trainer's fused loss
                 projects ``hidden`` itself, see :mod:`aiayn.train.fused_loss`).
+            output_weight: also return the weight to project ``hidden`` with, as ``output_weight``
+                (:class:`ModelOutput`; the trainer's fused loss takes it).
         Returns:
             logits (B, T, V) and hidden (B, T, D).
         """
@@ -61,6 +65,9 @@ class DecoderModel(nn.Module):
             attn_mask = M.document_mask(doc_ids)
         if prefix_len is not None:
             attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
+        weight, (sparse,) = (tied_embedding.plan(self.lm_head.proj.weight, (self.embed,))
+                             if compute_logits or output_weight else (None, (False,)))
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
-                            return_weights=return_weights)
-        return ModelOutput(self.lm_head(h) if compute_logits else None, h, {"self": w["self"]} if w else None)
+                            return_weights=return_weights, sparse_embedding_grad=sparse)
+        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, {"self": w["self"]} if w else None,
+                           weight if output_weight else None)

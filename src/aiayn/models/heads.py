@@ -19,9 +19,10 @@ class LMHead(nn.Module):
         if tied_to is not None:
             self.proj.weight = tied_to.weight
 
-    def forward(self, h: Tensor) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V)."""
-        return self.proj(h)
+    def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D) stands in for ``proj.weight`` when given (the tensor
+        :func:`aiayn.nn.tied_embedding.plan` returned for this forward pass)."""
+        return self.proj(h) if weight is None else F.linear(h, weight, self.proj.bias)
 
 
 class MLMHead(nn.Module):

@@ -9,6 +9,7 @@ from aiayn.config import ModelConfig
 from aiayn.models.heads import LMHead
 from aiayn.models.output import ModelOutput
 from aiayn.models.stack import TransformerStack
+from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
 
 
@@ -31,19 +32,21 @@ class EncoderDecoderModel(nn.Module):
         self.decoder = TransformerStack(c, c.n_layers, self.tgt_embed, causal=True, cross=True, alpha=dec_alpha)
         self.lm_head = LMHead(c.d_model, c.target_vocab_size, self.tgt_embed if c.tie_embeddings else None)
 
-    def encode(self, src: Tensor, src_is_token: Tensor | None = None,
-               return_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+    def encode(self, src: Tensor, src_is_token: Tensor | None = None, return_weights: bool = False,
+               sparse_embedding_grad: bool = False) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         """Encode a source batch.
 
         Args:
             src: (B, S) source ids, right-padded with ``pad_id``.
             src_is_token: (B, S) bool, default ``src != pad_id``.
+            sparse_embedding_grad: row-sparse embedding gradient (see :meth:`TransformerStack.forward`).
         Returns:
             memory (B, S, D), src_is_token (B, S), and encoder self-attention weights if requested.
         """
         if src_is_token is None:
             src_is_token = src != self.config.pad_id
-        memory, w = self.encoder(src, is_token=src_is_token, return_weights=return_weights)
+        memory, w = self.encoder(src, is_token=src_is_token, return_weights=return_weights,
+                                 sparse_embedding_grad=sparse_embedding_grad)
         return memory, src_is_token, (w["self"] if w else None)
 
     def new_cache(self, capacity: int) -> DecoderCache:
@@ -69,10 +72,20 @@ class EncoderDecoderModel(nn.Module):
         return ModelOutput(self.lm_head(h) if compute_logits else None, h, w)
 
     def forward(self, src: Tensor, tgt: Tensor, src_is_token: Tensor | None = None,
-                return_weights: bool = False, compute_logits: bool = True) -> ModelOutput:
-        """Teacher-forced logits: src (B, S), tgt (B, T) decoder input -> logits (B, T, V_tgt), hidden (B, T, D)."""
-        memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights)
-        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights, compute_logits=compute_logits)
-        if out.attentions is not None:
-            out.attentions["encoder"] = w_enc
-        return out
+                return_weights: bool = False, compute_logits: bool = True, output_weight: bool = False) -> ModelOutput:
+        """Teacher-forced logits: src (B, S), tgt (B, T) decoder input -> logits (B, T, V_tgt), hidden (B, T, D).
+
+        ``compute_logits=False`` skips the output projection; ``output_weight=True`` then returns the weight to
+        project ``hidden`` with as ``output_weight`` (:class:`ModelOutput`; the trainer's fused loss takes it).
+        """
+        project = compute_logits or output_weight
+        weight, (sparse_src, sparse_tgt) = (tied_embedding.plan(self.lm_head.proj.weight,
+                                                                (self.src_embed, self.tgt_embed))
+                                            if project else (None, (False, False)))
+        memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights, sparse_embedding_grad=sparse_src)
+        h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, return_weights=return_weights,
+                            sparse_embedding_grad=sparse_tgt)
+        if w is not None:
+            w["encoder"] = w_enc
+        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, w,
+                           weight if output_weight else None)

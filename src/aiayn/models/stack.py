@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn import masks as M
+from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.dropout import Dropout
 from aiayn.nn.layers import TransformerLayer
@@ -66,6 +67,7 @@ class TransformerStack(nn.Module):
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: bool = False,
+        sparse_embedding_grad: bool = False,
     ) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
         """Run the stack.
 
@@ -80,12 +82,14 @@ class TransformerStack(nn.Module):
             memory_is_token: (B, S_src) bool, False at source padding.
             cache: a :class:`DecoderCache` for incremental decoding (causal stacks).
             return_weights: collect per-layer attention weights.
+            sparse_embedding_grad: the token lookups give the embedding a row-sparse gradient, for an embedding
+                tied to an output layer in the same graph (:func:`aiayn.nn.tied_embedding.plan` decides).
         Returns:
             hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
         """
         x, mask, bias, rotary, is_causal, memory_mask = self.prepare(
             ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory_is_token=memory_is_token,
-            cache=cache)
+            cache=cache, sparse_embedding_grad=sparse_embedding_grad)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(
@@ -115,6 +119,7 @@ class TransformerStack(nn.Module):
         attn_mask: Tensor | None = None,
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
+        sparse_embedding_grad: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
         """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
         records the new positions in it. The one place where embeddings, positions and masks are made: the
@@ -158,7 +163,7 @@ class TransformerStack(nn.Module):
             if cache is not None and cache.cross_attn:
                 cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
-        x = self.embed(ids) * self.embed_scale  # (B, T, D)
+        x = tied_embedding.lookup(self.embed, ids, sparse_embedding_grad) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:
             # default positions (known on the host): a slice of the table; given ones: a gather
             pe = self.abs_pos.span(start, t) if default_positions else self.abs_pos(positions)

@@ -225,9 +225,9 @@ class LMTask:
     def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
         """(loss, nll, n_tokens) sums of a batch (document masks and positions applied for packed blocks):
         hidden states, then the fused output projection + loss (the plain reference when gradients are off)."""
-        hidden = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
-                            compute_logits=False).hidden  # (B, T, D)
-        return linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"], label_smoothing)
+        out = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
+                         compute_logits=False, output_weight=True)  # hidden (B, T, D), the output weight (V, D)
+        return linear_label_smoothed_nll(out.hidden, out.output_weight, batch["labels"], label_smoothing)
 
     def loss(self, batch: dict[str, Any],
              label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:

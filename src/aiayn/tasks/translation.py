@@ -175,8 +175,8 @@ class TranslationTask:
     def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
         """(loss, nll, n_tokens) sums of a batch: decoder hidden states, then the fused output projection + loss
         (the plain reference when gradients are off)."""
-        hidden = self.model(batch["src"], batch["tgt_in"], compute_logits=False).hidden  # (B, T, D)
-        return linear_label_smoothed_nll(hidden, self.model.lm_head.proj.weight, batch["labels"], label_smoothing)
+        out = self.model(batch["src"], batch["tgt_in"], compute_logits=False, output_weight=True)
+        return linear_label_smoothed_nll(out.hidden, out.output_weight, batch["labels"], label_smoothing)
 
     def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
         loss, nll, n = self._scored(batch, label_smoothing)
