@@ -95,6 +95,7 @@ def test_sparse_lookups_are_added_into_the_projection_gradient_in_place() -> Non
                           and len(shapes) < 4]
     assert len(dense_out_of_place) <= 1
     assert model.lm_head.proj.weight.grad.layout == torch.strided
+    assert not model.src_embed.sparse  # set for the lookups only
 
 
 def test_an_unused_output_weight_still_leaves_a_dense_gradient(monkeypatch) -> None:
@@ -134,10 +135,10 @@ def test_dense_lookups_without_autograd_or_off_the_cpu() -> None:
     model, inputs, _ = model_and_batch()
     weight = model.lm_head.proj.weight
     with torch.no_grad():
-        assert tied_embedding.plan(weight, (model.src_embed,)) == (weight, [False])
+        assert tied_embedding.plan(weight, (model.src_embed,)) == (None, [False])
         assert model(*inputs, compute_logits=False, output_weight=True).output_weight is weight
     assert tied_embedding.plan(weight, (model.src_embed,))[1] == [True]
-    assert tied_embedding.plan(weight, (torch.nn.Embedding(V, 32),)) == (weight, [False])
+    assert tied_embedding.plan(weight, (torch.nn.Embedding(V, 32),)) == (None, [False])
     assert not tied_embedding.applies(torch.zeros(2, 2, device="meta", requires_grad=True))
     assert model(*inputs).output_weight is None  # only when asked for
 

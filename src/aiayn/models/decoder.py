@@ -9,7 +9,6 @@ from aiayn.models.heads import LMHead
 from aiayn.models.output import ModelOutput
 from aiayn.models.stack import TransformerStack
 from aiayn.nn import masks as M
-from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
 
 
@@ -65,9 +64,8 @@ class DecoderModel(nn.Module):
             attn_mask = M.document_mask(doc_ids)
         if prefix_len is not None:
             attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
-        weight, (sparse,) = (tied_embedding.plan(self.lm_head.proj.weight, (self.embed,))
-                             if compute_logits or output_weight else (None, (False,)))
+        late, (sparse,) = self.lm_head.plan((self.embed,)) if compute_logits or output_weight else (None, (False,))
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
                             return_weights=return_weights, sparse_embedding_grad=sparse)
-        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, {"self": w["self"]} if w else None,
-                           weight if output_weight else None)
+        return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, {"self": w["self"]} if w else None,
+                           (self.lm_head.proj.weight if late is None else late) if output_weight else None)

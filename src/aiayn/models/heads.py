@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn import cpu_gemm, tied_embedding
 from aiayn.nn.dropout import Dropout
 from aiayn.nn.norms import build_norm
 
@@ -19,10 +22,21 @@ class LMHead(nn.Module):
         if tied_to is not None:
             self.proj.weight = tied_to.weight
 
+    def plan(self, embeddings: Sequence[nn.Embedding]) -> tuple[Tensor | None, list[bool]]:
+        """For a forward pass that projects with this head, before its lookups: the weight to project with (a tied
+        embedding's late identity in CPU training, else None: the layer as it is) and, per embedding, whether its
+        lookups give row-sparse gradients (:func:`aiayn.nn.tied_embedding.plan`)."""
+        weight = self.proj.weight
+        if not isinstance(weight, Tensor):  # a quantized layer's
+            return None, [False] * len(embeddings)
+        return tied_embedding.plan(weight, embeddings)
+
     def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D) stands in for ``proj.weight`` when given (the tensor
-        :func:`aiayn.nn.tied_embedding.plan` returned for this forward pass)."""
-        return self.proj(h) if weight is None else F.linear(h, weight, self.proj.bias)
+        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D), what :meth:`plan` returned, stands in for
+        ``proj.weight`` through the linear layer's training product (:func:`aiayn.nn.cpu_gemm.linear`)."""
+        if weight is None:
+            return self.proj(h)  # a PackedLinear's kernels at CPU inference
+        return cpu_gemm.linear(h, weight, self.proj.bias)
 
 
 class MLMHead(nn.Module):

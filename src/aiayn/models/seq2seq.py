@@ -9,7 +9,6 @@ from aiayn.config import ModelConfig
 from aiayn.models.heads import LMHead
 from aiayn.models.output import ModelOutput
 from aiayn.models.stack import TransformerStack
-from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
 
 
@@ -78,14 +77,12 @@ class EncoderDecoderModel(nn.Module):
         ``compute_logits=False`` skips the output projection; ``output_weight=True`` then returns the weight to
         project ``hidden`` with as ``output_weight`` (:class:`ModelOutput`; the trainer's fused loss takes it).
         """
-        project = compute_logits or output_weight
-        weight, (sparse_src, sparse_tgt) = (tied_embedding.plan(self.lm_head.proj.weight,
-                                                                (self.src_embed, self.tgt_embed))
-                                            if project else (None, (False, False)))
+        late, (sparse_src, sparse_tgt) = (self.lm_head.plan((self.src_embed, self.tgt_embed))
+                                          if compute_logits or output_weight else (None, (False, False)))
         memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights, sparse_embedding_grad=sparse_src)
         h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, return_weights=return_weights,
                             sparse_embedding_grad=sparse_tgt)
         if w is not None:
             w["encoder"] = w_enc
-        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, w,
-                           weight if output_weight else None)
+        return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, w,
+                           (self.lm_head.proj.weight if late is None else late) if output_weight else None)

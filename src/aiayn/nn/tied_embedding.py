@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -52,27 +51,31 @@ def applies(weight: Tensor) -> bool:
     return torch.is_grad_enabled() and weight.requires_grad and weight.device.type == "cpu"
 
 
-def plan(output_weight: Tensor, embeddings: Sequence[nn.Embedding]) -> tuple[Tensor, list[bool]]:
+def plan(output_weight: Tensor, embeddings: Sequence[nn.Embedding]) -> tuple[Tensor | None, list[bool]]:
     """For one forward pass that projects with ``output_weight`` (V, D): the tensor to project with, and for each
     embedding whether its lookups give row-sparse gradients (:func:`lookup`). Call it before any lookup.
 
     Where an embedding shares the weight and :func:`applies`: the weight through a late identity node, and True for
-    the embeddings that share it. Otherwise ``output_weight`` itself and all False.
+    the embeddings that share it. Otherwise None (project with the output layer as it is) and all False.
     """
     shared = [e.weight is output_weight for e in embeddings]
     if not any(shared) or not applies(output_weight):
-        return output_weight, [False] * len(embeddings)
+        return None, [False] * len(embeddings)
     _keep_grad_dense(output_weight)
     return _LateIdentity.apply(output_weight), shared
 
 
 def lookup(embedding: nn.Embedding, ids: Tensor, sparse_grad: bool = False) -> Tensor:
     """``embedding(ids)``: (B, T) ids -> (B, T, D) rows; with ``sparse_grad`` the weight's gradient is row-sparse
-    (only where :func:`plan` said so: the output layer's dense gradient must be part of the same graph)."""
-    if not sparse_grad:
+    (only where :func:`plan` said so: the output layer's dense gradient must be part of the same graph). The module
+    itself is called, its ``sparse`` flag set for the call, so that its hooks run."""
+    if not sparse_grad or embedding.sparse:
         return embedding(ids)
-    e = embedding
-    return F.embedding(ids, e.weight, e.padding_idx, e.max_norm, e.norm_type, e.scale_grad_by_freq, sparse=True)
+    embedding.sparse = True
+    try:
+        return embedding(ids)
+    finally:
+        embedding.sparse = False
 
 
 def _densify(weight: Tensor) -> None:
