@@ -151,3 +151,34 @@ def test_mixed_precision_gradients_match(monkeypatch) -> None:
     weight = model.lm_head.proj.weight
     assert weight.grad.dtype == torch.float32 and weight.grad.layout == torch.strided
     torch.testing.assert_close(weight.grad, ref["src_embed.weight"], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("through", ["model", "task"])
+def test_an_encoder_mlm_head_gets_the_same_gradients(through, monkeypatch) -> None:
+    """BERT-style: the masked-LM head's projection tied to the embedding, applied by the model (task="mlm") or by
+    the caller on the masked positions with the returned output weight (as the MLM task does)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="encoder", vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+                                    dropout=0.1, pad_id=PAD)).train()
+    ids = torch.randint(3, V, (3, 7), generator=torch.Generator().manual_seed(1))
+    ids[0, 5:] = PAD
+    chosen = torch.zeros_like(ids, dtype=torch.bool)
+    chosen[:, 2] = chosen[1, 4] = True
+
+    def loss() -> torch.Tensor:
+        torch.manual_seed(2)
+        if through == "model":
+            logits = model(ids).logits[chosen]
+        else:
+            out = model(ids, task="hidden", output_weight=True)
+            logits = model.mlm_head(out.hidden[chosen], out.output_weight)
+        return logits.log_softmax(-1)[:, 5].sum()
+
+    with monkeypatch.context() as m:
+        m.setattr(tied_embedding, "applies", lambda weight: False)
+        loss().backward()
+    ref = grads(model)
+    loss().backward()
+    assert model.embed.weight.grad.layout == torch.strided
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6, msg=name)

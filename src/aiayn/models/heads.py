@@ -32,9 +32,10 @@ class LMHead(nn.Module):
         return tied_embedding.plan(weight, embeddings)
 
     def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D), what :meth:`plan` returned, stands in for
-        ``proj.weight`` through the linear layer's training product (:func:`aiayn.nn.cpu_gemm.linear`)."""
-        if weight is None:
+        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D), what :meth:`plan` returned (or a model's
+        ``output_weight``), stands in for ``proj.weight`` through the linear layer's training product
+        (:func:`aiayn.nn.cpu_gemm.linear`) where it is not that tensor itself."""
+        if weight is None or weight is self.proj.weight:
             return self.proj(h)  # a PackedLinear's kernels at CPU inference
         return cpu_gemm.linear(h, weight, self.proj.bias)
 
@@ -50,9 +51,9 @@ class MLMHead(nn.Module):
         self.decoder = LMHead(d_model, vocab_size, tied_to)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, h: Tensor) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V)."""
-        return self.decoder(self.norm(F.gelu(self.dense(h)))) + self.bias
+    def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V); ``weight`` as :meth:`LMHead.forward`'s."""
+        return self.decoder(self.norm(F.gelu(self.dense(h))), weight) + self.bias
 
 
 class ClassificationHead(nn.Module):
