@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import inspect
 import json
 import math
 import subprocess
@@ -181,13 +182,16 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     if impl in ("aiayn", "aiayn-torch-dropout"):  # aiayn's trainer path: hidden states, fused projection + loss
         model = build_model(c)
         flat = labels  # (B, T)
-        # hidden states and the output weight as this forward's graph holds it (aiayn.nn.tied_embedding)
-        hidden = ((lambda: model(src, tgt_in, compute_logits=False, output_weight=True)) if src is not None
-                  else (lambda: model(tgt_in, compute_logits=False, output_weight=True)))
+        # hidden states and the output weight as this forward's graph holds it (aiayn.nn.tied_embedding); revisions
+        # from before output_weight (bench/ab_revisions.py runs this script against older ones) take the parameter
+        kw = {"output_weight": True} if "output_weight" in inspect.signature(model.forward).parameters else {}
+        hidden = ((lambda: model(src, tgt_in, compute_logits=False, **kw)) if src is not None
+                  else (lambda: model(tgt_in, compute_logits=False, **kw)))
 
         def loss_fn() -> Tensor:
             out = hidden()
-            return linear_label_smoothed_nll(out.hidden, out.output_weight, flat, 0.0)[0] / flat.numel()
+            weight = out.output_weight if kw else model.lm_head.proj.weight
+            return linear_label_smoothed_nll(out.hidden, weight, flat, 0.0)[0] / flat.numel()
     elif impl == "torch.nn.Transformer":
         model = TorchSeq2Seq(c)
         forward = lambda: model(src, tgt_in)  # noqa: E731
