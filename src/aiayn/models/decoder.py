@@ -68,4 +68,4 @@ class DecoderModel(nn.Module):
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
                             return_weights=return_weights, sparse_embedding_grad=sparse)
         return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, {"self": w["self"]} if w else None,
-                           (self.lm_head.proj.weight if late is None else late) if output_weight else None)
+                           self.lm_head.weight_for(late) if output_weight else None)

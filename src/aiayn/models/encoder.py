@@ -65,4 +65,4 @@ class EncoderModel(nn.Module):
         else:
             raise ValueError(f"task={task!r}: choose one of {TASKS}")
         return ModelOutput(logits, h, {"encoder": w["self"]} if w else None,
-                           (head.proj.weight if late is None else late) if output_weight else None)
+                           head.weight_for(late) if output_weight else None)

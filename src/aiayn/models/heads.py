@@ -31,6 +31,11 @@ class LMHead(nn.Module):
             return None, [False] * len(embeddings)
         return tied_embedding.plan(weight, embeddings)
 
+    def weight_for(self, late: Tensor | None) -> Tensor:
+        """What a model returns as ``output_weight``: ``late`` (from :meth:`plan`) where there is one, else
+        ``proj.weight``."""
+        return self.proj.weight if late is None else late
+
     def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
         """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D), what :meth:`plan` returned (or a model's
         ``output_weight``), stands in for ``proj.weight`` through the linear layer's training product

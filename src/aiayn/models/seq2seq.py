@@ -85,4 +85,4 @@ class EncoderDecoderModel(nn.Module):
         if w is not None:
             w["encoder"] = w_enc
         return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, w,
-                           (self.lm_head.proj.weight if late is None else late) if output_weight else None)
+                           self.lm_head.weight_for(late) if output_weight else None)
