@@ -185,11 +185,11 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
         # hidden states and the output weight as this forward's graph holds it (aiayn.nn.tied_embedding); revisions
         # from before output_weight (bench/ab_revisions.py runs this script against older ones) take the parameter
         kw = {"output_weight": True} if "output_weight" in inspect.signature(model.forward).parameters else {}
-        hidden = ((lambda: model(src, tgt_in, compute_logits=False, **kw)) if src is not None
-                  else (lambda: model(tgt_in, compute_logits=False, **kw)))
+        outputs = ((lambda: model(src, tgt_in, compute_logits=False, **kw)) if src is not None
+                   else (lambda: model(tgt_in, compute_logits=False, **kw)))
 
         def loss_fn() -> Tensor:
-            out = hidden()
+            out = outputs()
             weight = out.output_weight if kw else model.lm_head.proj.weight
             return linear_label_smoothed_nll(out.hidden, weight, flat, 0.0)[0] / flat.numel()
     elif impl == "torch.nn.Transformer":

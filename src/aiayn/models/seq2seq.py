@@ -54,7 +54,8 @@ class EncoderDecoderModel(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_is_token: Tensor, *,
                cache: DecoderCache | None = None, return_weights: bool = False,
-               compute_logits: bool = True) -> ModelOutput:
+               compute_logits: bool = True, sparse_embedding_grad: bool = False,
+               weight: Tensor | None = None) -> ModelOutput:
         """Decoder logits for target prefixes.
 
         Args:
@@ -63,12 +64,14 @@ class EncoderDecoderModel(nn.Module):
             src_is_token: (B, S) bool source padding flags.
             cache: a :meth:`new_cache` for incremental decoding.
             compute_logits: False skips the output projection (``logits`` is None, ``hidden`` (B, T, D) only).
+            sparse_embedding_grad, weight: row-sparse embedding gradient (see :meth:`TransformerStack.forward`) and
+                the weight to project with, both from ``lm_head.plan`` (:meth:`forward` passes them).
         Returns:
             logits (B, T, V_tgt) and hidden (B, T, D).
         """
         h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, cache=cache,
-                            return_weights=return_weights)
-        return ModelOutput(self.lm_head(h) if compute_logits else None, h, w)
+                            return_weights=return_weights, sparse_embedding_grad=sparse_embedding_grad)
+        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, w)
 
     def forward(self, src: Tensor, tgt: Tensor, src_is_token: Tensor | None = None,
                 return_weights: bool = False, compute_logits: bool = True, output_weight: bool = False) -> ModelOutput:
@@ -80,9 +83,10 @@ class EncoderDecoderModel(nn.Module):
         late, (sparse_src, sparse_tgt) = (self.lm_head.plan((self.src_embed, self.tgt_embed))
                                           if compute_logits or output_weight else (None, (False, False)))
         memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights, sparse_embedding_grad=sparse_src)
-        h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, return_weights=return_weights,
-                            sparse_embedding_grad=sparse_tgt)
-        if w is not None:
-            w["encoder"] = w_enc
-        return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, w,
-                           self.lm_head.weight_for(late) if output_weight else None)
+        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights, compute_logits=compute_logits,
+                          sparse_embedding_grad=sparse_tgt, weight=late)
+        if out.attentions is not None:
+            out.attentions["encoder"] = w_enc
+        if output_weight:
+            out.output_weight = self.lm_head.weight_for(late)
+        return out

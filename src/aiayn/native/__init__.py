@@ -34,6 +34,7 @@ the same machine and settings). Only fp32 CPU tensors come here (:func:`cpu_fp32
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -352,13 +353,15 @@ def panel_linear_preferred() -> bool:
 
 def panel_width() -> int:
     """Output columns per panel of :func:`pack_panels` (16 with AVX2, 32 with AVX-512)."""
-    global _panel_width
-    if _panel_width is None:  # the compiled library's constant: asked once
-        _panel_width = int(library().aiayn_panel_width())
-    return _panel_width
+    return _panel_shape()[0]
 
 
-_panel_width: int | None = None
+@functools.cache
+def _panel_shape() -> tuple[int, int]:
+    """The compiled library's panel constants, asked once: (output columns per panel, rows of x per register block;
+    :func:`panel_linear`'s scratch holds the rows rounded up to whole blocks)."""
+    lib = library()
+    return int(lib.aiayn_panel_width()), int(lib.aiayn_panel_block_rows())
 
 
 def pack_panels(weight: Tensor) -> Tensor:
@@ -401,14 +404,13 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
     if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
         raise ValueError(f"panel_linear: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
                          f"{bias.stride()}")
-    width = panel_width()
+    width, block_rows = _panel_shape()
     if packed is None:
         packed = pack_panels(weight.detach())
     elif packed.numel() != (n + width - 1) // width * width * k:
         raise ValueError(f"panel_linear: packed holds {packed.numel()} floats, not pack_panels of a ({n}, {k}) weight")
     lib, act = library(), ACTIVATIONS[activation]
     kernel, p_ptr, b_ptr = lib.aiayn_panel_linear, packed.data_ptr(), 0 if bias is None else bias.data_ptr()
-    block_rows = int(lib.aiayn_panel_block_rows())  # the scratch holds m rounded up to whole blocks, times k
 
     def run(x: Tensor) -> Tensor:
         x2 = _matrix_rows(x, k, "panel_linear")
