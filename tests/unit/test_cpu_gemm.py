@@ -22,6 +22,7 @@ from aiayn.nn.cpu_gemm import (
     fp32_inference_backend,
     linear,
     mm_nt,
+    native_forward_applies,
     onednn_available,
     use_fp32_backend,
     weight_gradient,
@@ -393,3 +394,84 @@ def test_one_row_products_split_over_two_threads_equal_f_linear() -> None:
             assert single._halves is None
     finally:
         torch.set_num_threads(threads)
+
+
+needs_native = pytest.mark.skipif(native.library() is None, reason="native kernels not built")
+
+
+@pytest.fixture
+def native_forward_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native forward product at test sizes: an AVX2 CPU, small thresholds, BLAS training."""
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)
+    monkeypatch.setattr(cpu_gemm, "NATIVE_FORWARD_MIN_OUT", 40)
+    monkeypatch.setattr(cpu_gemm, "NATIVE_FORWARD_MIN_ROWS", 8)
+
+
+@needs_native
+@pytest.mark.usefixtures("native_forward_everywhere")
+def test_native_forward_applies_to_wide_fp32_outputs_only() -> None:
+    x, w = torch.randn(8, 32), torch.randn(40, 32)
+    with use_fp32_backend("torch"):
+        assert native_forward_applies(x, w)
+        assert not native_forward_applies(x[:7], w)  # too few rows
+        assert not native_forward_applies(x, w[:39])  # too few outputs
+        assert not native_forward_applies(torch.randn(8, 769), torch.randn(40, 769))  # too many inputs
+        assert not native_forward_applies(x.double(), w.double())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not native_forward_applies(x, w)
+    with use_fp32_backend("onednn"):  # oneDNN trains (an AVX-512 AMD CPU): its products, not the panel kernel
+        assert not native_forward_applies(x, w) or not onednn_available()
+
+
+@needs_native
+@pytest.mark.usefixtures("native_forward_everywhere")
+@pytest.mark.parametrize("bias", [True, False])
+def test_native_forward_linear_equals_f_linear_forward_and_backward(bias: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    w = torch.randn(50, 32, requires_grad=True)
+    b = torch.randn(50, requires_grad=True) if bias else None
+    g = torch.randn(2, 6, 50)
+    with use_fp32_backend("torch"):
+        calls = []
+        original = native.panel_linear_once
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(native, "panel_linear_once", lambda *a, **k: calls.append(1) or original(*a, **k))
+            y = linear(x, w, b)
+        assert calls, "the native product did not run"
+        grads = torch.autograd.grad(y, [x, w] + ([b] if bias else []), g)
+        ref = F.linear(x, w, b)
+        ref_grads = torch.autograd.grad(ref, [x, w] + ([b] if bias else []), g)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        for a, r in zip(grads, ref_grads):
+            torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():  # no autograd node: the kernel itself
+            torch.testing.assert_close(linear(x, w, b), ref, rtol=1e-5, atol=1e-5)
+        out = torch.empty(12, 50)
+        assert mm_nt(x.detach().view(12, 32), w.detach(), out=out) is out
+        torch.testing.assert_close(out, (x @ w.T).detach().view(12, 50), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.usefixtures("native_forward_everywhere")
+@pytest.mark.parametrize("epsilon,ignore", [(0.0, None), (0.1, 0)])
+def test_the_fused_loss_through_the_native_forward_equals_the_reference(epsilon: float, ignore: int | None) -> None:
+    torch.manual_seed(1)
+    h = torch.randn(300, 32, requires_grad=True)
+    w = torch.randn(50, 32, requires_grad=True)
+    labels = torch.randint(0, 50, (300,))
+    labels[::7] = -100
+    calls = []
+    original = native.panel_linear_once
+    with use_fp32_backend("torch"), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "panel_linear_once", lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
+        loss, nll, n = linear_label_smoothed_nll(h, w, labels, epsilon, ignore_vocab_id=ignore, chunk_rows=128)
+    assert calls and all(rows == 128 for rows in calls)  # whole chunks; the last, short one through BLAS
+    grad_h, grad_w = torch.autograd.grad(loss, [h, w])
+    ref = label_smoothed_nll(h @ w.T, labels, epsilon, "sum", ignore)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    ref_h, ref_w = torch.autograd.grad(ref, [h, w])
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad_h, ref_h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_w, ref_w, rtol=1e-5, atol=1e-4)
+

@@ -376,3 +376,38 @@ def test_wide_layers_take_the_panel_kernel_from_two_rows(monkeypatch: pytest.Mon
         with torch.no_grad():
             torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-4)
         assert used == [want], (n_in, n_out, rows)
+
+
+@needs_native
+@pytest.mark.parametrize("m,k,n", [(7, 70, 33), (64, 130, 200), (131, 512, 1000)])
+def test_panel_linear_once_equals_reference_across_blocks(monkeypatch: pytest.MonkeyPatch, m: int, k: int,
+                                                          n: int) -> None:
+    """Blocks of whole panels, a last block and a last panel that are partial, a strided weight, bias, out=."""
+    g = torch.Generator().manual_seed(m + k + n)
+    x = torch.randn(m, k + 2, generator=g)[:, 2:]
+    w_t = torch.randn(k, n, generator=g) / k ** 0.5  # w = w_t.T: strides (1, n), a weight's transposed view
+    bias = torch.randn(n, generator=g)
+    for block in (native.PANEL_ONCE_BLOCK_FLOATS, 3 * native.panel_width() * k, 1):  # one, several, one panel each
+        monkeypatch.setattr(native, "PANEL_ONCE_BLOCK_FLOATS", block)
+        for b in (bias, None):
+            want = native.panel_linear_reference(x.double(), w_t.t().double(), None if b is None else b.double())
+            torch.testing.assert_close(native.panel_linear_once(x, w_t.t(), b).double(), want, rtol=1e-5, atol=2e-5)
+            out = torch.full((m, n + 5), float("nan"))[:, :n]  # rows with a stride of their own
+            assert native.panel_linear_once(x, w_t.t(), b, out=out) is out
+            torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-5)
+
+
+@needs_native
+def test_panel_linear_once_sees_a_changed_weight_and_checks_its_arguments() -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 9, 40), torch.randn(300, 40)
+    first = native.panel_linear_once(x, w)
+    assert first.shape == (2, 9, 300)
+    w.mul_(2.0)  # an optimizer step: nothing packed before may be used again
+    torch.testing.assert_close(native.panel_linear_once(x, w), 2 * first, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bias"):
+        native.panel_linear_once(x, w, torch.randn(600)[::2])
+    with pytest.raises(ValueError, match=r"out \(18, 300\)"):
+        native.panel_linear_once(x, w, out=torch.empty(300, 18).t())
+    with pytest.raises(ValueError, match=r"x \(\.\.\., 40\)"):
+        native.panel_linear_once(torch.randn(3, 41), w)

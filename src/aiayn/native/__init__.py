@@ -328,7 +328,8 @@ PANEL_FEW_ROWS_MIN_FEATURES = 512
 
 
 class _Scratch(threading.local):
-    buffer: Tensor | None = None
+    buffer: Tensor | None = None  # panel_linear's packed input
+    panels: Tensor | None = None  # panel_linear_once's packed block of a weight
 
 
 _scratch = _Scratch()
@@ -341,6 +342,15 @@ def _panel_scratch(floats: int) -> int:
     buf = _scratch.buffer
     if buf is None or buf.numel() < floats:
         buf = _scratch.buffer = torch.empty(max(floats, 1))
+    return buf.data_ptr()
+
+
+def _panel_workspace(floats: int) -> int:
+    """The address of this thread's workspace for :func:`panel_linear_once`'s packed weight block, at least
+    ``floats`` long (kept like :func:`_panel_scratch`'s)."""
+    buf = _scratch.panels
+    if buf is None or buf.numel() < floats:
+        buf = _scratch.panels = torch.empty(max(floats, 1))
     return buf.data_ptr()
 
 
@@ -422,6 +432,57 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
 
     run.held = (packed, bias)  # type: ignore[attr-defined]
     return run
+
+
+#: :func:`panel_linear_once` packs a weight this many floats at a time (whole panels; 8 MiB): the block is
+#: multiplied while it is still in the last-level cache, and the thread's workspace stays that small however large
+#: the weight (a 50257 x 768 output layer would take 154 MiB at once)
+PANEL_ONCE_BLOCK_FLOATS = 1 << 21
+
+
+def panel_linear_once(x: Tensor, weight: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """:func:`panel_linear_reference` (no activation) for a weight that changes between calls, as a training
+    step's are: packed block by block of ``PANEL_ONCE_BLOCK_FLOATS`` into a workspace this thread keeps, each block
+    multiplied right after it is packed; nothing is kept that a later change to ``weight`` could make stale.
+
+    Args:
+        x: (..., K) fp32 CPU.
+        weight: (N, K) fp32 CPU, any strides.
+        bias: (N,) contiguous, or None.
+        out: (rows, N) with contiguous rows (``out.stride(1) == 1``) to write into, or None for a new tensor.
+    Returns:
+        (..., N), or ``out``. Call only where :func:`library` is not None. Equal to the reference up to float
+        rounding (the sums in another order).
+    """
+    n, k = weight.shape
+    x2 = _matrix_rows(x, k, "panel_linear_once")
+    m = x2.shape[0]
+    if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
+        raise ValueError(f"panel_linear_once: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
+                         f"{bias.stride()}")
+    if out is None:
+        y = x2.new_empty(m, n)
+    elif out.shape != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"panel_linear_once: out ({m}, {n}) with contiguous rows needed, got {tuple(out.shape)} "
+                         f"strides {out.stride()}")
+    else:
+        y = out
+    width, block_rows = _panel_shape()
+    cols = max(width, PANEL_ONCE_BLOCK_FLOATS // max(k, 1) // width * width)  # outputs a block, whole panels
+    cols = min(cols, -(-n // width) * width)
+    lib, threads, size = library(), torch.get_num_threads(), x2.element_size()
+    w_ptr, (w_sn, w_sk) = weight.data_ptr(), weight.stride()
+    packed = _panel_workspace(cols * k)
+    scratch = _panel_scratch(-(-m // block_rows) * block_rows * k)
+    for n0 in range(0, n, cols):
+        nb = min(cols, n - n0)
+        lib.aiayn_pack_panels(w_ptr + n0 * w_sn * size, w_sn, w_sk, nb, k, packed, threads)
+        lib.aiayn_panel_linear(x2.data_ptr(), x2.stride(0), m, k, packed, nb,
+                               0 if bias is None else bias.data_ptr() + n0 * size, y.data_ptr() + n0 * size,
+                               y.stride(0), 0, scratch, threads)
+    if out is not None:
+        return out
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
 # ---------------------------------------------------------------------------------------------------- int8 screen

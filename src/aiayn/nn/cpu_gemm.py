@@ -185,11 +185,78 @@ def weight_gradient(g: Tensor, x: Tensor, accumulate: Tensor | None = None) -> T
     return torch.mm(g.t(), x) if accumulate is None else accumulate.addmm_(g.t(), x)
 
 
+#: :func:`native_forward_applies`'s shapes: an output layer's product, at least this many outputs ...
+NATIVE_FORWARD_MIN_OUT = 4096
+#: ... from at most this many inputs ...
+NATIVE_FORWARD_MAX_IN = 768
+#: ... at this many rows or more (fewer rows pay the weight's packing for too little work)
+NATIVE_FORWARD_MIN_ROWS = 64
+
+
+def native_forward_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether ``x @ weight.T`` (x (M, K), weight (N, K)) goes through :func:`aiayn.native.panel_linear_once`: fp32
+    CPU tensors outside autocast, torch's BLAS the fp32 training library (:func:`fp32_backend`), the native panel
+    kernel preferred on this CPU (AVX2 without AVX-512, kernels built: :func:`aiayn.native.panel_linear_preferred`),
+    and the shape of a vocabulary-wide output layer: N >= ``NATIVE_FORWARD_MIN_OUT``, K <= ``NATIVE_FORWARD_MAX_IN``,
+    M >= ``NATIVE_FORWARD_MIN_ROWS``. There MKL's product ran at 0.70-0.88 of the panel kernel's with the weight
+    packed in the call (512 x 512 x 32000, 512 x 768 x 50257, 4096 x 128 x 8000 on a 2-core AMD Zen 3;
+    docs/BENCHMARKS.md); at narrower outputs or wider inputs the two were level or MKL won.
+    """
+    if x.dim() != 2 or weight.dim() != 2:
+        return False
+    (m, k), n = x.shape, weight.shape[0]
+    if not (n >= NATIVE_FORWARD_MIN_OUT and k <= NATIVE_FORWARD_MAX_IN and m >= NATIVE_FORWARD_MIN_ROWS):
+        return False
+    if not (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
+            and not torch.is_autocast_enabled("cpu") and fp32_backend() == "torch"):
+        return False
+    from aiayn import native  # (aiayn.native imports aiayn.nn)
+
+    return native.panel_linear_preferred()
+
+
+class NativeForwardLinear(torch.autograd.Function):
+    """``F.linear`` on 2-D x whose forward product runs through :func:`aiayn.native.panel_linear_once` (the weight
+    packed in the call) and whose backward products run through torch's BLAS, as ``F.linear``'s do."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        from aiayn import native
+
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return native.panel_linear_once(x, weight, None if bias is None else bias.contiguous())
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.mm(grad_out, weight)  # (M, in)
+        if ctx.needs_input_grad[1]:
+            grad_w = weight_gradient(grad_out, x)  # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum(0)
+        return grad_x, grad_w, grad_b
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in), bias (out,) -> (..., out).
 
-    Through oneDNN (forward and backward) where :func:`onednn_applies`, else ``F.linear`` itself.
+    Through oneDNN (forward and backward) where :func:`onednn_applies`; a vocabulary-wide output layer's forward
+    product through aiayn's native panel kernel where :func:`native_forward_applies` (the backward through BLAS);
+    else ``F.linear`` itself.
     """
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if (bias is None or bias.dim() == 1) and native_forward_applies(x2, weight):
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            y = NativeForwardLinear.apply(x2, weight, bias)
+        else:
+            from aiayn import native
+
+            y = native.panel_linear_once(x2, weight.detach(), None if bias is None else bias.detach().contiguous())
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.shape[0])
     if not (onednn_applies(x, weight) and x.numel()):
         return F.linear(x, weight, bias)
     wants_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -203,8 +270,13 @@ def mm_nt(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     """``a @ b.T``: a (M, K), b (N, K) -> (M, N), written into ``out`` when given. Not differentiable through
     oneDNN: for code that computes its own gradients (:mod:`aiayn.train.fused_loss`).
 
-    Through oneDNN where :func:`onednn_applies` (its result is then copied into ``out``), else ``torch.matmul``.
+    Through oneDNN where :func:`onednn_applies` (its result is then copied into ``out``), aiayn's native panel kernel
+    where :func:`native_forward_applies` (straight into ``out``), else ``torch.matmul``.
     """
+    if native_forward_applies(a, b) and (out is None or out.stride(1) == 1):
+        from aiayn import native
+
+        return native.panel_linear_once(a, b, out=out)
     if onednn_applies(a, b) and a.numel() and b.numel():
         result = _onednn_nt(a, b)
         return result if out is None else out.copy_(result)
