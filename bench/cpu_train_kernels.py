@@ -6,6 +6,10 @@
 - The fused projection + loss (:func:`aiayn.train.fused_loss.linear_label_smoothed_nll`, forward + backward) with
   chunks of 64 and 512 rows (512 is the CPU default) and with one large chunk (the accelerator default); and with
   512-row chunks under bf16 autocast (``loss_512_rows_bf16``: its matmuls in bf16).
+- The output layer's forward product, ``h @ W.T`` at (rows, d_model) x (vocab, d_model): torch's BLAS
+  (``logits_blas``) against :func:`aiayn.native.panel_linear_once` (``logits_native``, the weight packed in the call),
+  which training takes there on AVX2 CPUs (:func:`aiayn.nn.cpu_gemm.native_forward_applies`); and the 512-row fused
+  loss with that product on BLAS (``loss_512_rows_blas``). NaN where the native kernels are not built.
 - Causal self-attention forward + backward at the setup's (batch, heads, length, head width), bf16 inputs:
   torch's flash kernel in bf16 (what autocast runs) against :func:`aiayn.nn.attention.scaled_dot_product_attention`,
   which trains in float32 on CPU (``attn_bf16_aiayn``), and the float32 kernel on float32 inputs.
@@ -25,9 +29,11 @@ median of 3 after the timing: the fresh memory the call takes from the kernel.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,7 +42,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from aiayn.nn import short_attention  # noqa: E402
+from aiayn import native  # noqa: E402
+from aiayn.nn import cpu_gemm, short_attention  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
 from aiayn.nn.dropout import dropout, multiplier_dropout  # noqa: E402
 from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
@@ -52,6 +59,18 @@ KEY_COUNTS, TOKENS, QUICK_KEY_COUNTS, QUICK_TOKENS = (16, 32, 64, 128), 8192, (1
 
 
 BF16_KEYS = ("loss_512_rows_bf16", "attn_bf16_torch", "attn_bf16_aiayn")  # timed only with bf16
+NATIVE_KEYS = ("logits_native", "loss_512_rows_blas")  # timed only where the native kernels are built
+
+
+@contextlib.contextmanager
+def blas_forward() -> Iterator[None]:
+    """Within the block, training's output-layer forward product stays on BLAS (no shape qualifies for
+    :func:`aiayn.nn.cpu_gemm.native_forward_applies`)."""
+    kept, cpu_gemm.NATIVE_FORWARD_MIN_OUT = cpu_gemm.NATIVE_FORWARD_MIN_OUT, 1 << 62
+    try:
+        yield
+    finally:
+        cpu_gemm.NATIVE_FORWARD_MIN_OUT = kept
 
 
 def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int], runs: int,
@@ -70,6 +89,13 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
             out = linear_label_smoothed_nll(h, w, y, 0.1, ignore_vocab_id=0, chunk_rows=min(chunk, n))[0]
         out.backward()
 
+    def loss_blas() -> None:
+        with blas_forward():
+            loss(CHUNKS["loss_512_rows"])
+
+    logits = torch.empty(n, v)  # (n, V), as the fused loss's kept buffer
+    hd, wd = h.detach(), w.detach()
+
     def attention(qkv: list[torch.Tensor], ours: bool) -> None:
         out = (scaled_dot_product_attention(*qkv, is_causal=True)[0] if ours
                else F.scaled_dot_product_attention(*qkv, is_causal=True))
@@ -79,12 +105,17 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
            "dropout_torch": lambda: F.dropout(x, 0.1, True)}
     fns.update({k: (lambda c=c: loss(c)) for k, c in CHUNKS.items()})
     fns["loss_512_rows_bf16"] = lambda: loss(CHUNKS["loss_512_rows"], bf16=True)
+    fns["logits_blas"] = lambda: torch.mm(hd, wd.T, out=logits)
+    if native.library() is not None:
+        fns["logits_native"] = lambda: native.panel_linear_once(hd, wd, out=logits)
+        fns["loss_512_rows_blas"] = loss_blas
     fns.update({"attn_fp32": lambda: attention(qkv32, False), "attn_bf16_torch": lambda: attention(qkv16, False),
                 "attn_bf16_aiayn": lambda: attention(qkv16, True)})
     if not bf16:
         fns = {k: f for k, f in fns.items() if k not in BF16_KEYS}
     times = benchlib.alternate(fns, runs=runs, warmup=1)
-    row = {"shape": name, "rows": n, "d_model": d, "vocab": v, **{f"{k}_ms": float("nan") for k in BF16_KEYS}}
+    row = {"shape": name, "rows": n, "d_model": d, "vocab": v,
+           **{f"{k}_ms": float("nan") for k in BF16_KEYS + NATIVE_KEYS}}
     row.update({f"{k}_ms": 1e3 * benchlib.median(t) for k, t in times.items()})
     faults = []
     for _ in range(3):
@@ -96,6 +127,9 @@ def time_shape(name: str, n: int, d: int, v: int, attn: tuple[int, int, int, int
     row["dropout_speedup"] = row["dropout_torch_ms"] / row["dropout_aiayn_ms"]
     row["loss_512_vs_one_chunk"] = row["loss_one_chunk_ms"] / row["loss_512_rows_ms"]
     row["attn_bf16_speedup"] = row["attn_bf16_torch_ms"] / row["attn_bf16_aiayn_ms"]
+    row["logits_native_speedup"] = row["logits_blas_ms"] / row["logits_native_ms"]
+    row["loss_native_speedup"] = row["loss_512_rows_blas_ms"] / row["loss_512_rows_ms"]
+    row["native_forward_in_training"] = cpu_gemm.native_forward_applies(hd, wd)
     return row
 
 
@@ -139,7 +173,9 @@ def bench_kernels(quick: bool = False, runs: int = 7, bf16: bool = True) -> dict
 COLUMNS = ["shape", "rows", "d_model", "vocab", "dropout_aiayn_ms", "dropout_multiplier_ms", "dropout_torch_ms",
            "dropout_speedup",
            "loss_64_rows_ms", "loss_512_rows_ms", "loss_one_chunk_ms", "loss_512_vs_one_chunk", "loss_512_rows_faults",
-           "loss_512_rows_bf16_ms", "attn_fp32_ms", "attn_bf16_torch_ms", "attn_bf16_aiayn_ms", "attn_bf16_speedup"]
+           "loss_512_rows_bf16_ms", "attn_fp32_ms", "attn_bf16_torch_ms", "attn_bf16_aiayn_ms", "attn_bf16_speedup",
+           "logits_blas_ms", "logits_native_ms", "logits_native_speedup", "loss_512_rows_blas_ms",
+           "loss_native_speedup", "native_forward_in_training"]
 
 ATTENTION_COLUMNS = ["keys", "batch", "mask", "flash_ms", "two_matmuls_ms", "two_matmuls_speedup",
                      "served_by_two_matmuls"]

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn import native
+from aiayn.nn import cpu_gemm
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -318,6 +321,13 @@ def test_cpu_train_kernels_bench_runs() -> None:
     (row,) = cpu_train_kernels.time_shape(*cpu_train_kernels.QUICK_SHAPES[0], runs=1, bf16=False),
     assert row["dropout_aiayn_ms"] > 0 and row["attn_fp32_ms"] > 0
     assert all(math.isnan(row[f"{k}_ms"]) for k in cpu_train_kernels.BF16_KEYS)  # not timed without bf16
+    assert row["logits_blas_ms"] > 0
+    if native.library() is not None:
+        assert row["logits_native_ms"] > 0 and row["loss_512_rows_blas_ms"] > 0
+    limit = cpu_gemm.NATIVE_FORWARD_MIN_OUT
+    with cpu_train_kernels.blas_forward():
+        assert not cpu_gemm.native_forward_applies(torch.randn(512, 64), torch.randn(50000, 64))
+    assert cpu_gemm.NATIVE_FORWARD_MIN_OUT == limit
 
 
 def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
