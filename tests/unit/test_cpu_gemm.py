@@ -134,25 +134,6 @@ def test_other_dtypes_autocast_and_empty_inputs_take_torchs_path() -> None:
         torch.testing.assert_close(out, x.float() @ w32.detach().T, rtol=1e-5, atol=1e-5)
 
 
-@needs_onednn
-@pytest.mark.parametrize("epsilon,ignore", [(0.0, None), (0.1, 0)])
-def test_the_fused_loss_through_onednn_equals_the_reference(epsilon: float, ignore: int | None) -> None:
-    torch.manual_seed(1)
-    h = torch.randn(300, 32, requires_grad=True)
-    w = torch.randn(50, 32, requires_grad=True)
-    labels = torch.randint(0, 50, (300,))
-    labels[::7] = -100
-    with use_fp32_backend("onednn"):
-        loss, nll, n = linear_label_smoothed_nll(h, w, labels, epsilon, ignore_vocab_id=ignore, chunk_rows=128)
-    grad_h, grad_w = torch.autograd.grad(loss, [h, w])
-    ref = label_smoothed_nll(h @ w.T, labels, epsilon, "sum", ignore)
-    ref = ref[0] if isinstance(ref, tuple) else ref
-    ref_h, ref_w = torch.autograd.grad(ref, [h, w])
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(grad_h, ref_h, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad_w, ref_w, rtol=1e-5, atol=1e-4)
-
-
 def _config(arch: str) -> ModelConfig:
     kw = {"n_classes": 3} if arch == "encoder" else {}
     return ModelConfig.preset("tiny", arch=arch, vocab_size=300, d_model=64, d_ff=256, **kw)
@@ -399,12 +380,16 @@ def test_one_row_products_split_over_two_threads_equal_f_linear() -> None:
 needs_native = pytest.mark.skipif(native.library() is None, reason="native kernels not built")
 
 
-@pytest.fixture
-def native_forward_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The native forward product at test sizes: an AVX2 CPU, small thresholds, BLAS training."""
+def _native_forward_at_test_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native forward product at test sizes: as on an AVX2 CPU, with small thresholds."""
     monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)
     monkeypatch.setattr(cpu_gemm, "NATIVE_FORWARD_MIN_OUT", 40)
     monkeypatch.setattr(cpu_gemm, "NATIVE_FORWARD_MIN_ROWS", 8)
+
+
+@pytest.fixture
+def native_forward_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    _native_forward_at_test_sizes(monkeypatch)
 
 
 @needs_native
@@ -452,10 +437,17 @@ def test_native_forward_linear_equals_f_linear_forward_and_backward(bias: bool) 
         torch.testing.assert_close(out, (x @ w.T).detach().view(12, 50), rtol=1e-5, atol=1e-5)
 
 
-@needs_native
-@pytest.mark.usefixtures("native_forward_everywhere")
+@pytest.mark.parametrize("path", ["onednn", "native"])
 @pytest.mark.parametrize("epsilon,ignore", [(0.0, None), (0.1, 0)])
-def test_the_fused_loss_through_the_native_forward_equals_the_reference(epsilon: float, ignore: int | None) -> None:
+def test_the_fused_loss_through_a_faster_product_equals_the_reference(monkeypatch: pytest.MonkeyPatch, path: str,
+                                                                       epsilon: float, ignore: int | None) -> None:
+    """The logits through oneDNN, or through the native panel kernel (at test sizes), equal the reference."""
+    if path == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    if path == "native":
+        if native.library() is None:
+            pytest.skip("native kernels not built")
+        _native_forward_at_test_sizes(monkeypatch)
     torch.manual_seed(1)
     h = torch.randn(300, 32, requires_grad=True)
     w = torch.randn(50, 32, requires_grad=True)
@@ -463,10 +455,13 @@ def test_the_fused_loss_through_the_native_forward_equals_the_reference(epsilon:
     labels[::7] = -100
     calls = []
     original = native.panel_linear_once
-    with use_fp32_backend("torch"), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "panel_linear_once", lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
+    monkeypatch.setattr(native, "panel_linear_once", lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
+    with use_fp32_backend("onednn" if path == "onednn" else "torch"):
         loss, nll, n = linear_label_smoothed_nll(h, w, labels, epsilon, ignore_vocab_id=ignore, chunk_rows=128)
-    assert calls and all(rows == 128 for rows in calls)  # whole chunks; the last, short one through BLAS
+    if path == "native":  # whole chunks; the last, short one through BLAS
+        assert calls and all(rows == 128 for rows in calls)
+    else:
+        assert not calls
     grad_h, grad_w = torch.autograd.grad(loss, [h, w])
     ref = label_smoothed_nll(h @ w.T, labels, epsilon, "sum", ignore)
     ref = ref[0] if isinstance(ref, tuple) else ref
@@ -474,4 +469,3 @@ def test_the_fused_loss_through_the_native_forward_equals_the_reference(epsilon:
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(grad_h, ref_h, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad_w, ref_w, rtol=1e-5, atol=1e-4)
-
