@@ -399,6 +399,8 @@ def test_native_forward_applies_to_wide_fp32_outputs_only() -> None:
     with use_fp32_backend("torch"):
         assert native_forward_applies(x, w)
         assert not native_forward_applies(x[:7], w)  # too few rows
+        assert native_forward_applies(x.view(2, 4, 32), w)  # rows in all, over the leading dimensions
+        assert not native_forward_applies(x, torch.randn(40, 31))  # a mismatch is F.linear's to report
         assert not native_forward_applies(x, w[:39])  # too few outputs
         assert not native_forward_applies(torch.randn(8, 769), torch.randn(40, 769))  # too many inputs
         assert not native_forward_applies(x.double(), w.double())

@@ -194,17 +194,19 @@ NATIVE_FORWARD_MIN_ROWS = 64
 
 
 def native_forward_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether ``x @ weight.T`` (x (M, K), weight (N, K)) goes through :func:`aiayn.native.panel_linear_once`: fp32
-    CPU tensors outside autocast, torch's BLAS the fp32 training library (:func:`fp32_backend`), the native panel
-    kernel preferred on this CPU (AVX2 without AVX-512, kernels built: :func:`aiayn.native.panel_linear_preferred`),
-    and the shape of a vocabulary-wide output layer: N >= ``NATIVE_FORWARD_MIN_OUT``, K <= ``NATIVE_FORWARD_MAX_IN``,
-    M >= ``NATIVE_FORWARD_MIN_ROWS``. There MKL's product ran at 0.70-0.88 of the panel kernel's with the weight
-    packed in the call (512 x 512 x 32000, 512 x 768 x 50257, 4096 x 128 x 8000 on a 2-core AMD Zen 3;
-    docs/BENCHMARKS.md); at narrower outputs or wider inputs the two were level or MKL won.
+    """Whether ``x @ weight.T`` (x (..., K), M rows in all; weight (N, K)) goes through
+    :func:`aiayn.native.panel_linear_once`: fp32 CPU tensors outside autocast, torch's BLAS the fp32 training library
+    (:func:`fp32_backend`), the native panel kernel preferred on this CPU (AVX2 without AVX-512, kernels built:
+    :func:`aiayn.native.panel_linear_preferred`), and the shape of a vocabulary-wide output layer: N >=
+    ``NATIVE_FORWARD_MIN_OUT``, K <= ``NATIVE_FORWARD_MAX_IN``, M >= ``NATIVE_FORWARD_MIN_ROWS``. There MKL's
+    product ran at 0.70-0.88 of the panel kernel's with the weight packed in the call (512 x 512 x 32000, 512 x 768 x
+    50257, 4096 x 128 x 8000 on a 2-core AMD Zen 3; docs/BENCHMARKS.md); at narrower outputs or wider inputs the two
+    were level or MKL won.
     """
-    if x.dim() != 2 or weight.dim() != 2:
+    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         return False
-    (m, k), n = x.shape, weight.shape[0]
+    k, n = x.shape[-1], weight.shape[0]
+    m = x.numel() // k if k else 0
     if not (n >= NATIVE_FORWARD_MIN_OUT and k <= NATIVE_FORWARD_MAX_IN and m >= NATIVE_FORWARD_MIN_ROWS):
         return False
     if not (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
@@ -247,8 +249,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     product through aiayn's native panel kernel where :func:`native_forward_applies` (the backward through BLAS);
     else ``F.linear`` itself.
     """
-    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    if (bias is None or bias.dim() == 1) and native_forward_applies(x2, weight):
+    if (bias is None or bias.dim() == 1) and native_forward_applies(x, weight):
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             y = NativeForwardLinear.apply(x2, weight, bias)
