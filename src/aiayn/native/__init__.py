@@ -328,30 +328,32 @@ PANEL_FEW_ROWS_MIN_FEATURES = 512
 
 
 class _Scratch(threading.local):
-    buffer: Tensor | None = None  # panel_linear's packed input
-    panels: Tensor | None = None  # panel_linear_once's packed block of a weight
+    def __init__(self) -> None:
+        self.buffers: dict[str, Tensor] = {}  # "x": panel_linear's packed input; "w": panel_linear_once's weight block
 
 
 _scratch = _Scratch()
 
 
-def _panel_scratch(floats: int) -> int:
-    """The address of this thread's scratch for :func:`panel_linear`'s packed input, at least ``floats`` long: kept
-    and grown as needed (a fresh allocation of that size would cost page faults at every call), freed with the
-    thread."""
-    buf = _scratch.buffer
+def _kept_floats(name: str, floats: int) -> int:
+    """The address of this thread's buffer ``name``, at least ``floats`` long: kept and grown as needed (a fresh
+    allocation of that size would cost page faults at every call), freed with the thread."""
+    buf = _scratch.buffers.get(name)
     if buf is None or buf.numel() < floats:
-        buf = _scratch.buffer = torch.empty(max(floats, 1))
+        buf = _scratch.buffers[name] = torch.empty(max(floats, 1))
     return buf.data_ptr()
 
 
-def _panel_workspace(floats: int) -> int:
-    """The address of this thread's workspace for :func:`panel_linear_once`'s packed weight block, at least
-    ``floats`` long (kept like :func:`_panel_scratch`'s)."""
-    buf = _scratch.panels
-    if buf is None or buf.numel() < floats:
-        buf = _scratch.panels = torch.empty(max(floats, 1))
-    return buf.data_ptr()
+def _packed_x_scratch(m: int, k: int, block_rows: int) -> int:
+    """:func:`_kept_floats` for :func:`panel_linear`'s packed input: ``m`` rows rounded up to whole register blocks
+    of ``block_rows`` (:func:`_panel_shape`, bound once by the caller), times ``k``."""
+    return _kept_floats("x", -(-m // block_rows) * block_rows * k)
+
+
+def _check_panel_bias(bias: Tensor | None, n: int, who: str) -> None:
+    """A panel product's bias must be (n,) contiguous (or None)."""
+    if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
+        raise ValueError(f"{who}: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides {bias.stride()}")
 
 
 def panel_linear_preferred() -> bool:
@@ -411,9 +413,7 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
     another order; GELU's erf to about 1.5e-7).
     """
     n, k = weight.shape
-    if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
-        raise ValueError(f"panel_linear: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
-                         f"{bias.stride()}")
+    _check_panel_bias(bias, n, "panel_linear")
     width, block_rows = _panel_shape()
     if packed is None:
         packed = pack_panels(weight.detach())
@@ -427,7 +427,7 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
         m = x2.shape[0]
         y = x2.new_empty(m, n)
         kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act,
-               _panel_scratch(-(-m // block_rows) * block_rows * k), torch.get_num_threads())
+               _packed_x_scratch(m, k, block_rows), torch.get_num_threads())
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]
@@ -457,9 +457,7 @@ def panel_linear_once(x: Tensor, weight: Tensor, bias: Tensor | None = None, out
     n, k = weight.shape
     x2 = _matrix_rows(x, k, "panel_linear_once")
     m = x2.shape[0]
-    if bias is not None and (bias.shape != (n,) or bias.stride(0) != 1):
-        raise ValueError(f"panel_linear_once: bias ({n},) contiguous needed, got {tuple(bias.shape)} strides "
-                         f"{bias.stride()}")
+    _check_panel_bias(bias, n, "panel_linear_once")
     if out is None:
         y = x2.new_empty(m, n)
     elif out.shape != (m, n) or out.stride(1) != 1:
@@ -472,8 +470,7 @@ def panel_linear_once(x: Tensor, weight: Tensor, bias: Tensor | None = None, out
     cols = min(cols, -(-n // width) * width)
     lib, threads, size = library(), torch.get_num_threads(), x2.element_size()
     w_ptr, (w_sn, w_sk) = weight.data_ptr(), weight.stride()
-    packed = _panel_workspace(cols * k)
-    scratch = _panel_scratch(-(-m // block_rows) * block_rows * k)
+    packed, scratch = _kept_floats("w", cols * k), _packed_x_scratch(m, k, block_rows)
     for n0 in range(0, n, cols):
         nb = min(cols, n - n0)
         lib.aiayn_pack_panels(w_ptr + n0 * w_sn * size, w_sn, w_sk, nb, k, packed, threads)

@@ -493,7 +493,8 @@ static void panel_few_rows(int64_t R, const float* a, const float* b, int64_t kc
 }
 
 /* x (M, K), row stride x_sm; wp: W packed by aiayn_pack_panels; bias (N,) or NULL; y (M, N), row stride y_sm;
- * scratch: room for x packed, M rounded up to aiayn_panel_block_rows() times K floats (the caller keeps it across calls: no page faults). */
+ * scratch: room for x packed, M rounded up to aiayn_panel_block_rows() times K floats (the caller keeps it across
+ * calls: no page faults). */
 void aiayn_panel_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const float* wp, int64_t N,
                         const float* bias, float* y, int64_t y_sm, int64_t act, float* scratch, int64_t threads) {
     const int64_t MB = (M + PANEL_MR - 1) / PANEL_MR, P = (N + PANEL_NR - 1) / PANEL_NR;

@@ -159,16 +159,23 @@ class OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        x2, weight = ctx.saved_tensors
-        g = grad_out.reshape(-1, weight.shape[0])  # (M, out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _onednn_nt(g, weight.t()).view(*grad_out.shape[:-1], weight.shape[1])  # g @ W: (..., in)
-        if ctx.needs_input_grad[1]:
-            grad_w = weight_gradient(g, x2)  # g^T @ x: (out, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0)
-        return grad_x, grad_w, grad_b
+        return _linear_backward(ctx, grad_out, lambda g, weight: _onednn_nt(g, weight.t()))
+
+
+def _linear_backward(ctx, grad_out: Tensor, input_grad: Callable[[Tensor, Tensor], Tensor]):  # noqa: ANN001, ANN202
+    """A linear layer's three gradients for an autograd Function that saved (x (M, in), weight (out, in)) and
+    ``has_bias``: the input's by ``input_grad(g, weight)`` (g @ W, (M, out) -> (M, in)) reshaped like ``grad_out``,
+    the weight's by :func:`weight_gradient`, the bias's as a sum over rows."""
+    x2, weight = ctx.saved_tensors
+    g = grad_out.reshape(-1, weight.shape[0])  # (M, out)
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = input_grad(g, weight).view(*grad_out.shape[:-1], weight.shape[1])  # g @ W: (..., in)
+    if ctx.needs_input_grad[1]:
+        grad_w = weight_gradient(g, x2)  # g^T @ x: (out, in)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = g.sum(0)
+    return grad_x, grad_w, grad_b
 
 
 def weight_gradient(g: Tensor, x: Tensor, accumulate: Tensor | None = None) -> Tensor:
@@ -231,15 +238,7 @@ class NativeForwardLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.mm(grad_out, weight)  # (M, in)
-        if ctx.needs_input_grad[1]:
-            grad_w = weight_gradient(grad_out, x)  # (out, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_out.sum(0)
-        return grad_x, grad_w, grad_b
+        return _linear_backward(ctx, grad_out, torch.mm)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
