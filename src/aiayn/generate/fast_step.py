@@ -16,6 +16,10 @@ sizes and residual wiring) and then runs:
    its residual wiring; attention through the one core, :func:`~aiayn.nn.attention.scaled_dot_product_attention`;
 3. the final norm (pre-LN).
 
+Where every part of every layer has a native form (products planned to the native kernels, LayerNorm or no norm,
+a fused ReLU/GELU feed-forward network, attention through the native kernel), step 2 is instead one native call per
+layer (:mod:`aiayn.generate.native_step`): the same kernels, with the glue between them in C.
+
 The output layer stays a module call, so hooks on it (and everything about it) behave as before. Tests hold the
 step equal to ``model.decode`` / ``model(...)`` with a cache, for every norm, activation, position scheme and mask.
 
@@ -36,6 +40,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
 from aiayn import native
+from aiayn.generate.native_step import NativeLayers
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
@@ -68,6 +73,15 @@ class _Product:
             plan = self.plans[key] = self._plan(x, activation)
         return plan(x)
 
+    def plan_for(self, shape: torch.Size, dtype: torch.dtype,
+                 activation: str | None = None) -> Callable[[Tensor], Tensor]:
+        """The plan :meth:`__call__` takes for inputs of ``shape`` and ``dtype`` (made now if it has none yet)."""
+        key = (shape, dtype, activation)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(torch.empty(shape, dtype=dtype), activation)
+        return plan
+
     def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
         linear = self.linear
         if isinstance(linear, PackedLinear):
@@ -93,10 +107,10 @@ def _norm(norm: nn.Module) -> Callable[[Tensor], Tensor]:
 class _Wiring:
     """A :class:`~aiayn.nn.layers.Residual` in eval mode: ``enter`` and ``exit`` as there."""
 
-    __slots__ = ("pre", "alpha", "norm")
+    __slots__ = ("pre", "alpha", "norm", "module")
 
     def __init__(self, res: Residual) -> None:
-        self.pre, self.alpha, self.norm = res.pre, res.alpha, _norm(res.norm)
+        self.pre, self.alpha, self.norm, self.module = res.pre, res.alpha, _norm(res.norm), res.norm
 
     def enter(self, x: Tensor) -> Tensor:
         return self.norm(x) if self.pre else x
@@ -154,6 +168,7 @@ class FastDecoderStep:
         self.layers = [_Layer(layer) for layer in stack.layers]
         self.final_norm = _norm(stack.final_norm)
         self.native = native.library() is not None  # attention through aiayn.native where it applies
+        self.native_layers: dict[int, NativeLayers | None] = {}  # by rows: every layer as one native call, or None
 
     def _native_mask(self, x: Tensor, mask: Tensor | None) -> Tensor | None | bool:
         """An attention mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where the kernel
@@ -202,7 +217,14 @@ class FastDecoderStep:
         key_mask = self._native_mask(x, mask) if one_copy and bias is None else False  # no position bias there
         if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
             cache.store.lazy = True
-        memory_key_mask = self._native_mask(x, memory_mask) if cache.cross_attn else False
+        memory_key_mask = self._native_mask(x, memory_mask) if cache.cross_attn else None
+        if key_mask is not False and memory_key_mask is not False:  # each layer as one native call, where it can
+            if n not in self.native_layers:
+                self.native_layers[n] = NativeLayers.build(self.layers, n, x.shape[1])
+            layers = self.native_layers[n]
+            out = None if layers is None else layers(x, cache, key_mask, memory_key_mask)
+            if out is not None:
+                return self.final_norm(out)
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)

@@ -1,4 +1,5 @@
-"""Native CPU kernels for decoding and dropout, compiled on first use from ``kernels.c``, called through ``ctypes``.
+"""Native CPU kernels for decoding and dropout, compiled on first use from ``kernels.c`` and ``decoder_layer.c``,
+called through ``ctypes``.
 
 These jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same data
 again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
@@ -15,6 +16,9 @@ again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
   AVX-512: :func:`panel_linear` multiplies by a copy of the weight packed once into panels, blocked for the caches
   with a 6 x 16 register block, where oneDNN's fp32 kernels ran at 0.75-0.95 of its speed
   (:func:`panel_linear_preferred`);
+- a whole decoder layer's step at once (``decoder_layer.c``, :mod:`aiayn.generate.native_step`): the products and
+  attention above, chained with the norms, residual sums and the cache write in C, so that a batched decoding step
+  spends no Python, dispatched op or fresh tensor between them;
 - training's dropout: :func:`dropout` draws each element's 16-bit uniform from a counter-based generator
   (SplitMix64 at the element's index), in parallel and in the same pass that scales the activation, where torch's
   draws come one at a time from a Mersenne Twister; the backward pass draws the same numbers again instead of
@@ -44,6 +48,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -51,7 +56,7 @@ from torch import Tensor
 from aiayn.nn.attention import scaled_dot_product_attention
 
 ENV_VAR = "AIAYN_NATIVE"  # "0": never build or use the native kernels
-SOURCE = Path(__file__).with_name("kernels.c")
+SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("decoder_layer.c"))  # one library
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
@@ -62,8 +67,10 @@ _SIGNATURES = {
     "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
     "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
     "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _I],
+    "aiayn_decoder_layer_step": [_P, _P, _P],
 }
-_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_block_rows": []}  # functions returning an int64
+_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_block_rows": [],  # functions returning an int64
+                "aiayn_decoder_layer_scratch": [_P, _I]}
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: on this project's 2-core AMD Zen 4
 #: host it ran a decoder's linear layers 1.02-1.64x as fast as the oneDNN / MKL products at 1 to 4 rows (a Multi30k
 #: size output layer, cache-resident, 0.97x), 1.08x at 8 and 0.93x at 16 rows, where the product is no longer bound
@@ -110,12 +117,12 @@ def _cpu_signature() -> str:
 
 
 def _build() -> Path:
-    """Compile ``kernels.c`` into the cache (once per source, flags, compiler and CPU); return the library's path."""
+    """Compile ``SOURCES`` into one library in the cache (once per source, flags, compiler and CPU); return its path."""
     cc = os.environ.get("CC", "cc")
     torch_lib = Path(torch.__file__).parent / "lib"
     variants = [["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], []]  # OpenMP if the compiler has it
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     errors = []
     for extra in variants:
         flags = ["-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", *extra]
@@ -132,14 +139,14 @@ def _build() -> Path:
             return target
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
-        done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+        done = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
                               timeout=120)
         if done.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build writes the same file
             return target
         os.unlink(tmp)
         errors.append(done.stderr.strip()[-2000:])
-    raise OSError(f"could not compile {SOURCE} with {cc}:\n" + "\n".join(errors))
+    raise OSError(f"could not compile {' and '.join(map(str, SOURCES))} with {cc}:\n" + "\n".join(errors))
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -253,6 +260,23 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
 # ---------------------------------------------------------------------------------------------------- linear
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # what rows_linear applies to its result, by name: the kernel's code
+PANEL_KIND, ROWS_KIND = 1, 2  # NativeProduct.kind: panel_linear's kernel, rows_linear's
+
+
+class NativeProduct(NamedTuple):
+    """A planned product as native code calls it (``decoder_layer.c``'s ``aiayn_product``): ``kind`` PANEL_KIND (``w``
+    the address of :func:`pack_panels`' copy) or ROWS_KIND (``w`` that of the (K, N) transposed weight, row stride
+    ``w_sk``), ``bias`` an address or 0, (``n``, ``k``) the weight's shape, ``act`` an ACTIVATIONS code. The plan
+    function that carries it (``plan.native_product``) holds the tensors behind the addresses."""
+
+    kind: int
+    w: int
+    w_sk: int
+    bias: int
+    n: int
+    k: int
+    act: int
+
 
 
 def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
@@ -312,6 +336,7 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
         return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
+    run.native_product = NativeProduct(ROWS_KIND, w_ptr, w_sk, b_ptr, N, K, act)  # type: ignore[attr-defined]
     return run
 
 
@@ -431,6 +456,7 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]
+    run.native_product = NativeProduct(PANEL_KIND, p_ptr, 0, b_ptr, n, k, act)  # type: ignore[attr-defined]
     return run
 
 

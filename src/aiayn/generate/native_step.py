@@ -1,0 +1,182 @@
+"""A decoding step's layers as one native call each (``aiayn/native/decoder_layer.c``), for
+:class:`~aiayn.generate.fast_step.FastDecoderStep`.
+
+The flat program of :mod:`aiayn.generate.fast_step` already runs each layer's products and attention in native
+kernels, but between them a layer still makes about twenty dispatched torch ops (norms, residual sums, the cache
+write, views, fresh outputs) and as many lines of Python; at batch 32 of the Multi30k size that was about 40 of a
+decode's 316 ms on the 2-core development host (docs/BENCHMARKS.md). :class:`NativeLayers` hands each layer to
+``aiayn_decoder_layer_step``: the same products, by the kernels each layer's plan chose (``plan.native_product``:
+the panel or the few-rows kernel), the same attention kernel, and in C the glue: LayerNorm, the residual sums, the
+new position's keys and values copied into the cache. What stays in Python per layer is a dozen fields of a
+``ctypes`` structure (the cache's address and length, the deferred reorders' row table, the masks).
+
+It serves a step only where everything in it has a native form (:meth:`NativeLayers.build`): every product planned
+to a native kernel, norms that are LayerNorm or none, a fused ReLU/GELU feed-forward network (not a gated one),
+self-attention over the cache through the native kernel (no rotary embedding or position bias) and, for an
+encoder-decoder, cross-attention through it too. Otherwise the Python loop runs, as before; ``AIAYN_NATIVE_LAYERS=0``
+keeps it always. The results equal the Python loop's up to float rounding (LayerNorm's moments are summed in another
+order); tests hold them equal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from aiayn import native
+from aiayn.nn.cache import DecoderCache
+from aiayn.nn.packed import FUSED_ACTIVATIONS, PackedLinear
+
+if TYPE_CHECKING:
+    from aiayn.generate.fast_step import _Layer, _Product, _Wiring
+
+ENV_VAR = "AIAYN_NATIVE_LAYERS"  # "0" keeps every decoding step's layers in the Python loop
+_I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class _CProduct(ctypes.Structure):
+    _fields_ = [("kind", _I), ("w", _P), ("w_sk", _I), ("bias", _P), ("n", _I), ("k", _I), ("act", _I)]
+
+
+class _CWiring(ctypes.Structure):
+    _fields_ = [("pre", _I), ("alpha", _F), ("norm", _I), ("weight", _P), ("bias", _P), ("eps", _F)]
+
+
+class _CLayer(ctypes.Structure):
+    _fields_ = [("d", _I), ("hq", _I), ("hkv", _I), ("dh", _I), ("cross", _I), ("self_scale", _F),
+                ("cross_scale", _F), *[(name, _CProduct) for name in
+                                       ("qkv", "self_out", "cross_q", "cross_out", "w_in", "w_out")],
+                *[(name, _CWiring) for name in ("self_res", "cross_res", "ffn_res")]]
+
+
+class _CStep(ctypes.Structure):
+    _fields_ = [("n", _I), ("kv", _P), ("kv_st", _I), ("kv_sb", _I), ("kv_sh", _I), ("kv_v", _I), ("length", _I),
+                ("rows", _P), ("r_ss", _I), ("mask", _P), ("m_sb", _I), ("m_ss", _I), ("ck", _P), ("cv", _P),
+                ("c_sb", _I), ("c_sh", _I), ("c_ss", _I), ("c_len", _I), ("group", _I), ("c_mask", _P),
+                ("cm_sb", _I), ("cm_ss", _I), ("scratch", _P), ("threads", _I)]
+
+
+def enabled() -> bool:
+    """Whether decoding steps may take the native layers (``AIAYN_NATIVE_LAYERS`` is not "0")."""
+    return os.environ.get(ENV_VAR, "1").strip() != "0"
+
+
+def _wiring(w: _Wiring, d: int) -> _CWiring | None:
+    """A residual wiring as C takes it, or None where its norm is neither LayerNorm over the last dimension nor none."""
+    norm = w.module
+    if type(norm) is nn.Identity:
+        return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=0, weight=None, bias=None, eps=0.0)
+    if type(norm) is not nn.LayerNorm or tuple(norm.normalized_shape) != (d,):
+        return None
+    ok = all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+             for t in (norm.weight, norm.bias))
+    if not ok:
+        return None
+    return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=1, eps=float(norm.eps),
+                    weight=None if norm.weight is None else norm.weight.data_ptr(),
+                    bias=None if norm.bias is None else norm.bias.data_ptr())
+
+
+def _product(product: _Product, rows: int, width: int, activation: str | None = None) -> _CProduct | None:
+    """The plan ``product`` takes for (rows, width) fp32 inputs, as C takes it; None where it is not a native kernel."""
+    spec = getattr(product.plan_for(torch.Size((rows, width)), torch.float32, activation), "native_product", None)
+    return None if spec is None else _CProduct(*spec)
+
+
+class NativeLayers:
+    """Every layer of a decoder stack for steps of ``rows`` rows, as native calls (see the module docstring)."""
+
+    def __init__(self, layers: list[_Layer], rows: int, c_layers: list[_CLayer]) -> None:
+        self.layers, self.rows, self.c_layers = layers, rows, c_layers
+        lib = native.library()
+        self._step_fn = lib.aiayn_decoder_layer_step
+        floats = max(lib.aiayn_decoder_layer_scratch(ctypes.byref(c), rows) for c in c_layers)
+        self._scratch = torch.empty(floats)  # kept across steps: no fresh pages to fault in
+        self._step = _CStep(n=rows, scratch=self._scratch.data_ptr())
+
+    @classmethod
+    def build(cls, layers: list[_Layer], rows: int, d: int) -> NativeLayers | None:
+        """The native layers for ``rows``-row steps of a stack of width ``d``, or None where some part of a layer has
+        no native form (the products' plans are made, or taken, for those rows: call inside the decoding call's
+        frozen block, as :class:`~aiayn.generate.fast_step.FastDecoderStep` does)."""
+        if not enabled() or native.library() is None:
+            return None
+        c_layers = []
+        for lay in layers:
+            if lay.self_backend == "reference" or lay.ffn.activation not in FUSED_ACTIVATIONS:
+                return None
+            if not isinstance(lay.ffn.w_in, PackedLinear):  # only a PackedLinear fuses the activation
+                return None
+            if lay.cross and lay.cross_backend == "reference":
+                return None
+            qw, kvw = lay.q_width, 2 * lay.hkv * lay.dh
+            products = {"qkv": _product(lay.qkv, rows, d), "self_out": _product(lay.self_out, rows, qw),
+                        "w_in": _product(lay.w_in, rows, d, lay.ffn.activation)}
+            products["w_out"] = _product(lay.w_out, rows, products["w_in"].n) if products["w_in"] else None
+            wirings = {"self_res": _wiring(lay.self_res, d), "ffn_res": _wiring(lay.ffn_res, d)}
+            if lay.cross:
+                products["cross_q"] = _product(lay.cross_q, rows, d)
+                products["cross_out"] = _product(lay.cross_out, rows, qw)
+                wirings["cross_res"] = _wiring(lay.cross_res, d)
+            if any(v is None for v in (*products.values(), *wirings.values())):
+                return None
+            if (products["qkv"].n != qw + kvw or products["self_out"].n != d or products["w_out"].n != d
+                    or (lay.cross and (products["cross_q"].n != qw or products["cross_out"].n != d))):
+                return None
+            c_layers.append(_CLayer(d=d, hq=lay.hq, hkv=lay.hkv, dh=lay.dh, cross=int(lay.cross),
+                                    self_scale=lay.native_scale,
+                                    cross_scale=lay.cross_native_scale if lay.cross else 0.0,
+                                    **products, **wirings))
+        return cls(layers, rows, c_layers)
+
+    def __call__(self, x: Tensor, cache: DecoderCache, key_mask: Tensor | None,
+                 memory_key_mask: Tensor | None) -> Tensor | None:
+        """Every layer's step on x (rows, d): its output (rows, d), the cache appended to; None (nothing done) where
+        a cross-attention cache's keys and values do not share strides or a mask is shorter than what it covers.
+
+        Args:
+            x: (rows, d) the stack's input (not changed).
+            cache: the stack's cache, its self-attention store with a buffer (its reorders deferred, ``lazy``).
+            key_mask: (rows|1, length + 1) bool over the cache after this step's write, or None.
+            memory_key_mask: (memory rows|1, source length) bool, or None.
+        """
+        cross, length = cache.cross_attn, cache.self_attn[0].length
+        if key_mask is not None and key_mask.shape[-1] < length + 1:
+            return None
+        if cross and any(c.k.stride() != c.v.stride() or c.k.stride(-1) != 1 or (
+                memory_key_mask is not None and memory_key_mask.shape[-1] < c.k.shape[2]) for c in cross):
+            return None
+        x = x.contiguous().clone()
+        step, store = self._step, cache.self_attn[0].store
+        step.threads = torch.get_num_threads()
+        if key_mask is None:
+            step.mask = None
+        else:
+            step.mask, step.m_sb, step.m_ss = key_mask.data_ptr(), key_mask.stride(0) * (key_mask.shape[0] > 1), \
+                key_mask.stride(1)
+        if memory_key_mask is None:
+            step.c_mask = None
+        else:
+            step.c_mask, step.cm_sb, step.cm_ss = (memory_key_mask.data_ptr(),
+                                                   memory_key_mask.stride(0) * (memory_key_mask.shape[0] > 1),
+                                                   memory_key_mask.stride(1))
+        run, x_ptr = self._step_fn, x.data_ptr()
+        for i, c_layer in enumerate(self.c_layers):
+            sc = cache.self_attn[i]
+            data = store.claim(sc.length + 1)  # (capacity, B_buffer, L, 2, Hkv, Dh), grown if needed
+            s_t, s_b, s_l, s_kv, s_h, _ = data.stride()
+            step.kv = data.data_ptr() + data.element_size() * i * s_l  # this layer's keys at (0, 0)
+            step.kv_st, step.kv_sb, step.kv_sh, step.kv_v, step.length = s_t, s_b, s_h, s_kv, sc.length
+            rows = store.rows  # (capacity, rows) deferred reorders' buffer rows, or None
+            step.rows, step.r_ss = (None, 0) if rows is None else (rows.data_ptr(), rows.stride(0))
+            if cross:
+                cc = cross[i]
+                step.ck, step.cv, step.group, step.c_len = cc.k.data_ptr(), cc.v.data_ptr(), cc.group, cc.k.shape[2]
+                step.c_sb, step.c_sh, step.c_ss = cc.k.stride(0), cc.k.stride(1), cc.k.stride(2)
+            run(ctypes.byref(c_layer), ctypes.byref(step), x_ptr)
+            sc.length += 1
+        return x

@@ -1,0 +1,132 @@
+"""A decoding step's layers as native calls (aiayn.generate.native_step) equal the flat Python loop of
+aiayn.generate.fast_step, through both native products (few rows, many rows), for the variants they serve; the
+others keep the Python loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn import ModelConfig, build_model, native
+from aiayn.generate import LMStepper, Seq2SeqStepper, generate, native_step, translate
+from aiayn.generate.lm import left_pad
+from aiayn.generate.steppers import eval_mode
+from aiayn.nn.layout import cpu_inference_layout
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+
+ATOL = 1e-5
+BEAMS = 3
+SERVED = {  # variants the native layers serve
+    "paper": dict(),  # post-norm LayerNorm, ReLU, sinusoidal positions
+    "pre_gelu_learned": dict(norm_position="pre", activation="gelu", position="learned"),
+    "gqa_no_positions": dict(n_kv_heads=2, position="none"),
+    "deepnorm": dict(deepnorm=True),  # the residual's alpha != 1
+}
+NOT_SERVED = {  # ... and some they leave to the Python loop
+    "rope": dict(position="rope"),
+    "rmsnorm_swiglu": dict(norm_position="pre", norm="rmsnorm", activation="swiglu"),
+    "alibi": dict(position="alibi"),
+}
+#: sentences (or prompts) per batch: 1 x 3 beams = 3 rows go through the few-rows product, 8 x 3 = 24 through the
+#: panel product (on CPUs where it is preferred)
+ROWS = {"few_rows": 1, "panel": 8}
+
+
+def _model(arch: str, **kw: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", arch=arch, vocab_size=61, d_model=128, n_heads=4, d_ff=256, **kw)
+    return cpu_inference_layout(build_model(cfg).eval())
+
+
+def _skip_unless_kernel(rows: str) -> None:
+    if rows == "panel" and not native.panel_linear_preferred():
+        pytest.skip("the panel product serves many rows only on AVX2 CPUs without AVX-512")
+
+
+class _Counting:
+    """Counts the steps the native layers took (and built ones) while patched in."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.steps = self.built = 0
+        build, call = native_step.NativeLayers.build.__func__, native_step.NativeLayers.__call__
+
+        def counted_build(cls, *a, **k):
+            made = build(cls, *a, **k)
+            self.built += made is not None
+            return made
+
+        def counted_call(layers, *a, **k):
+            out = call(layers, *a, **k)
+            self.steps += out is not None
+            return out
+
+        monkeypatch.setattr(native_step.NativeLayers, "build", classmethod(counted_build))
+        monkeypatch.setattr(native_step.NativeLayers, "__call__", counted_call)
+
+
+def _steps(make_stepper, native_layers: bool, monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module,
+           n: int) -> list[torch.Tensor]:
+    """Logits of a first step and four more with beam-like reorders in between, n sentences of BEAMS beams."""
+    monkeypatch.setenv(native_step.ENV_VAR, "1" if native_layers else "0")
+    g = torch.Generator().manual_seed(1)
+    with eval_mode(model):
+        stepper = make_stepper()
+        assert stepper.fast is not None
+        logits = [stepper.first()]
+        stepper.reorder(torch.arange(n).repeat_interleave(BEAMS), group=BEAMS)
+        for _ in range(4):
+            logits.append(stepper.step(torch.randint(3, 61, (BEAMS * n,), generator=g)))
+            perm = torch.randint(0, BEAMS, (n, BEAMS), generator=g) + BEAMS * torch.arange(n)[:, None]
+            stepper.reorder(perm.view(-1), same_sources=True, group=BEAMS)
+    return logits
+
+
+def _seq2seq_maker(model: torch.nn.Module, n: int):
+    src = torch.randint(3, 61, (n, 7), generator=torch.Generator().manual_seed(2))
+    src[0, 5:] = 0  # padding: the cross-attention mask is in play
+    return lambda: Seq2SeqStepper(model, src, capacity=8, src_is_token=src != 0)
+
+
+def _lm_maker(model: torch.nn.Module, n: int):
+    prompts = [[5, 6, 7, 8, 9], [10, 11]] * n
+    ids, is_token = left_pad(prompts[:n], pad_id=0)  # left padding: a key mask over the cache
+    return lambda: LMStepper(model, ids, is_token, capacity=4)  # smaller than needed: the cache grows
+
+
+@pytest.mark.parametrize("rows", list(ROWS))
+@pytest.mark.parametrize("variant", list(SERVED))
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_native_layers_equal_the_python_loop(arch: str, variant: str, rows: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    _skip_unless_kernel(rows)
+    model, n = _model(arch, **SERVED[variant]), ROWS[rows]
+    make = (_seq2seq_maker if arch == "encoder-decoder" else _lm_maker)(model, n)
+    want = _steps(make, False, monkeypatch, model, n)
+    counting = _Counting(monkeypatch)
+    got = _steps(make, True, monkeypatch, model, n)
+    assert counting.built >= 1 and counting.steps == 4  # every step after the first took the native layers
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", list(NOT_SERVED))
+def test_variants_without_a_native_form_keep_the_python_loop(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, n = _model("decoder", **NOT_SERVED[variant]), ROWS["few_rows"]
+    counting = _Counting(monkeypatch)
+    _steps(_lm_maker(model, n), True, monkeypatch, model, n)
+    assert counting.steps == 0
+
+
+def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole beam searches (sentences finish and leave the batch) and greedy generations, at few rows and many."""
+    s2s, lm = _model("encoder-decoder"), _model("decoder", norm_position="pre", activation="gelu")
+    src = torch.randint(3, 61, (9, 9), generator=torch.Generator().manual_seed(3))
+    src[2, 4:] = 0
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(native_step.ENV_VAR, flag)
+        hyps = [translate(s2s, s, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2) for s in (src[:1], src)]
+        gen = generate(lm, [[5, 6, 7], [8]] * 4, max_new_tokens=6, stop_ids=(), greedy=True)
+        out[flag] = ([[[(h.tokens, round(h.score, 4)) for h in sent] for sent in batch] for batch in hyps], gen)
+    assert out["0"] == out["1"]
