@@ -28,6 +28,7 @@ import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
+import native_layers  # noqa: E402
 import profile_decode  # noqa: E402
 import run_all  # noqa: E402
 import train_step_profile  # noqa: E402
@@ -157,6 +158,14 @@ def test_translate_bench_batches_option_names_its_own_results(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         translate_beam.main(["--batches", "0", "--sizes", "multi30k"])
     assert "positive numbers of sentences" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+def test_native_layers_bench_times_both_paths_and_compares_their_tokens() -> None:
+    row = native_layers.bench_case("multi30k:1", runs=1, quick=True)
+    assert row["native_layers_used"] and row["same"] and row["python_loop_ms"] > 0 and row["native_layers_ms"] > 0
+    assert len(row["times"]["python"]) == len(row["times"]["native"]) == 1
+    assert os.environ.get("AIAYN_NATIVE_LAYERS") is None  # the flag is not left behind
 
 
 def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None:

@@ -57,6 +57,7 @@ from aiayn.nn.attention import scaled_dot_product_attention
 
 ENV_VAR = "AIAYN_NATIVE"  # "0": never build or use the native kernels
 SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("decoder_layer.c"))  # one library
+HEADERS = (Path(__file__).with_name("kernels.h"),)  # what the sources share
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
@@ -122,7 +123,7 @@ def _build() -> Path:
     torch_lib = Path(torch.__file__).parent / "lib"
     variants = [["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], []]  # OpenMP if the compiler has it
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     errors = []
     for extra in variants:
         flags = ["-O3", "-march=native", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", *extra]
