@@ -212,6 +212,10 @@ class FastDecoderStep:
             ids, positions=positions, memory_is_token=memory_is_token, cache=cache)
         n = ids.shape[0]
         x = x.view(n, -1)  # (N, D): one position per row
+        if cache.store.data is None and rotary is None and bias is None and self.native:
+            # an encoder-decoder's first step: the store's buffer made now rather than by a first append, so that
+            # this step too writes its keys and values straight into it (and can take the native layers)
+            cache.store.claim(0, like=x.new_empty(n, self.layers[0].hkv, 0, self.layers[0].dh))
         # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
         one_copy = rotary is None and cache.store.data is not None
         key_mask = self._native_mask(x, mask) if one_copy and bias is None else False  # no position bias there
