@@ -8,8 +8,10 @@ host noise hits them alike; this host's steal time made fresh-process A/B runs (
 on the same case. ``same`` checks that both gave the same tokens (beam search: every sentence's best hypothesis).
 
 Cases: beam-4 translation (length penalty 0.6, 20-token sources, 21 steps, EOS masked) at ``translate_beam.py``'s
-Multi30k and paper-base sizes, batch 1 and 32; greedy generation of ``generate_lm.py``'s GPT-2-like model (16-token
-prompts, 128 new tokens), batch 1 and 16.
+Multi30k and paper-base sizes, batch 1 and 32; greedy generation (16-token prompts, 128 new tokens) at batch 1 and 16
+of ``generate_lm.py``'s GPT-2-like model (6 x 384, learned positions, pre-norm LayerNorm, GELU) and of a LLaMA-like
+one of that size (the ``llama`` preset at 6 x 384, 6 query and 2 key/value heads, d_ff 1024, vocabulary 32000: RoPE,
+RMSNorm, SwiGLU).
 
     .venv/bin/python bench/native_layers.py
     .venv/bin/python bench/native_layers.py --runs 15 --cases multi30k:32
@@ -34,9 +36,12 @@ import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import translate_beam  # noqa: E402
 
+from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate, native_step  # noqa: E402
+from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 
-CASES = ["multi30k:1", "multi30k:32", "paper-base:1", "paper-base:32", "generate:1", "generate:16"]
+CASES = ["multi30k:1", "multi30k:32", "paper-base:1", "paper-base:32", "generate:1", "generate:16", "llama:1",
+         "llama:16"]
 COLUMNS = ["case", "unit", "python_loop_ms", "native_layers_ms", "speedup", "best_speedup", "native_layers_used",
            "same"]
 
@@ -70,11 +75,17 @@ def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[An
     """(decode, what of its output to compare, unit, context manager to run it in) for one case."""
     what, batch_text = case.split(":")
     batch = int(batch_text)
-    if what == "generate":
-        size = generate_lm.LMSize(n_layers=2) if quick else generate_lm.LMSize()
-        model, _ = generate_lm.build_pair(size)
+    if what in ("generate", "llama"):
+        if what == "generate":
+            size = generate_lm.LMSize(n_layers=2) if quick else generate_lm.LMSize()
+            model, vocab = generate_lm.build_pair(size)[0], size.vocab_size
+        else:
+            torch.manual_seed(0)
+            cfg = ModelConfig.preset("llama", d_model=384, n_heads=6, n_kv_heads=2, n_layers=2 if quick else 6,
+                                     d_ff=1024, max_len=1024)
+            model, vocab = cpu_inference_layout(build_model(cfg).eval()), cfg.vocab_size
         g = torch.Generator().manual_seed(batch)
-        prompts = torch.randint(5, size.vocab_size - 1, (batch, 16), generator=g).tolist()
+        prompts = torch.randint(5, vocab - 1, (batch, 16), generator=g).tolist()
         new = 16 if quick else 128
         return (lambda: generate(model, prompts, max_new_tokens=new, greedy=True, stop_ids=(), pad_id=0),
                 lambda out: out, "tok", torch.no_grad())
@@ -113,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cases", nargs="+", choices=CASES, default=None)
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
-    cases = args.cases or (["multi30k:1", "multi30k:32", "generate:1"] if args.quick else CASES)
+    cases = args.cases or (["multi30k:1", "multi30k:32", "generate:1", "llama:1"] if args.quick else CASES)
     runs = args.runs or (2 if args.quick else 9)
     start = time.perf_counter()
     rows = [bench_case(case, runs, args.quick) for case in cases]

@@ -22,11 +22,12 @@ SERVED = {  # variants the native layers serve
     "pre_gelu_learned": dict(norm_position="pre", activation="gelu", position="learned"),
     "gqa_no_positions": dict(n_kv_heads=2, position="none"),
     "deepnorm": dict(deepnorm=True),  # the residual's alpha != 1
+    "llama": dict(position="rope", n_kv_heads=2, norm_position="pre", norm="rmsnorm", activation="swiglu"),
+    "rope_geglu": dict(position="rope", activation="geglu"),
 }
-NOT_SERVED = {  # ... and some they leave to the Python loop
-    "rope": dict(position="rope"),
-    "rmsnorm_swiglu": dict(norm_position="pre", norm="rmsnorm", activation="swiglu"),
+NOT_SERVED = {  # ... and some they leave to the Python loop (a position bias per head: no native form)
     "alibi": dict(position="alibi"),
+    "t5": dict(position="t5"),
 }
 #: sentences (or prompts) per batch: 1 x 3 beams = 3 rows go through the few-rows product, 8 x 3 = 24 through the
 #: panel product (on CPUs where it is preferred)

@@ -16,9 +16,10 @@ sizes and residual wiring) and then runs:
    its residual wiring; attention through the one core, :func:`~aiayn.nn.attention.scaled_dot_product_attention`;
 3. the final norm (pre-LN).
 
-Where every part of every layer has a native form (products planned to the native kernels, LayerNorm or no norm,
-a fused ReLU/GELU feed-forward network, attention through the native kernel), step 2 is instead one native call per
-layer (:mod:`aiayn.generate.native_step`): the same kernels, with the glue between them in C.
+Where every part of every layer has a native form (products planned to the native kernels, LayerNorm, RMSNorm or no
+norm, a ReLU/GELU or gated SwiGLU/GeGLU feed-forward network, RoPE or no rotary embedding, attention through the
+native kernel with no position bias), step 2 is instead one native call per layer
+(:mod:`aiayn.generate.native_step`): the same kernels, with the glue between them in C.
 
 The output layer stays a module call, so hooks on it (and everything about it) behave as before. Tests hold the
 step equal to ``model.decode`` / ``model(...)`` with a cache, for every norm, activation, position scheme and mask.
@@ -212,23 +213,27 @@ class FastDecoderStep:
             ids, positions=positions, memory_is_token=memory_is_token, cache=cache)
         n = ids.shape[0]
         x = x.view(n, -1)  # (N, D): one position per row
-        if cache.store.data is None and rotary is None and bias is None and self.native:
+        if cache.store.data is None and bias is None and self.native:
             # an encoder-decoder's first step: the store's buffer made now rather than by a first append, so that
             # this step too writes its keys and values straight into it (and can take the native layers)
             cache.store.claim(0, like=x.new_empty(n, self.layers[0].hkv, 0, self.layers[0].dh))
-        # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
-        one_copy = rotary is None and cache.store.data is not None
-        key_mask = self._native_mask(x, mask) if one_copy and bias is None else False  # no position bias there
-        if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
-            cache.store.lazy = True
+        # the native attention kernel's key mask: a store with its buffer, no position bias
+        native_key_mask = self._native_mask(x, mask) if cache.store.data is not None and bias is None else False
         memory_key_mask = self._native_mask(x, memory_mask) if cache.cross_attn else None
-        if key_mask is not False and memory_key_mask is not False:  # each layer as one native call, where it can
+        if native_key_mask is not False and memory_key_mask is not False:  # each layer as one native call, if it can
             if n not in self.native_layers:
                 self.native_layers[n] = NativeLayers.build(self.layers, n, x.shape[1])
             layers = self.native_layers[n]
-            out = None if layers is None else layers(x, cache, key_mask, memory_key_mask)
-            if out is not None:
-                return self.final_norm(out)
+            if layers is not None:
+                cache.store.lazy = True  # the native kernel reads the cache through the rows of deferred reorders
+                out = layers(x, cache, native_key_mask, memory_key_mask, rotary)
+                if out is not None:
+                    return self.final_norm(out)
+        # keys and values straight from the projection into the cache, in one copy, once the cache has its buffer
+        one_copy = rotary is None and cache.store.data is not None
+        key_mask = native_key_mask if one_copy else False
+        if key_mask is not False:  # the native kernel reads the cache through the rows of deferred reorders
+            cache.store.lazy = True
         for i, lay in enumerate(self.layers):
             # self-attention over the cache
             qkv = lay.qkv(lay.self_res.enter(x))  # (N, (Hq + 2 Hkv) Dh)

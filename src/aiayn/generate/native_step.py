@@ -6,16 +6,17 @@ kernels, but between them a layer still makes about twenty dispatched torch ops 
 write, views, fresh outputs) and as many lines of Python; at batch 32 of the Multi30k size that was about 40 of a
 decode's 316 ms on the 2-core development host (docs/BENCHMARKS.md). :class:`NativeLayers` hands each layer to
 ``aiayn_decoder_layer_step``: the same products, by the kernels each layer's plan chose (``plan.native_product``:
-the panel or the few-rows kernel), the same attention kernel, and in C the glue: LayerNorm, the residual sums, the
-new position's keys and values copied into the cache. What stays in Python per layer is a dozen fields of a
+the panel or the few-rows kernel), the same attention kernel, and in C the glue: the norms, the residual sums, RoPE,
+a gated activation, the new position's keys and values copied into the cache. What stays in Python per layer is a dozen fields of a
 ``ctypes`` structure (the cache's address and length, the deferred reorders' row table, the masks).
 
 It serves a step only where everything in it has a native form (:meth:`NativeLayers.build`): every product planned
-to a native kernel, norms that are LayerNorm or none, a fused ReLU/GELU feed-forward network (not a gated one),
-self-attention over the cache through the native kernel (no rotary embedding or position bias) and, for an
-encoder-decoder, cross-attention through it too. Otherwise the Python loop runs, as before; ``AIAYN_NATIVE_LAYERS=0``
-keeps it always. The results equal the Python loop's up to float rounding (LayerNorm's moments are summed in another
-order); tests hold them equal.
+to a native kernel; norms that are LayerNorm, RMSNorm or none; a feed-forward network with ReLU/GELU fused into its
+first product, or a gated one (SwiGLU, GeGLU: the gate applied in C); RoPE or no rotary embedding (applied in C to the
+queries and new keys); self-attention over the cache through the native kernel (no ALiBi/T5 position bias) and,
+for an encoder-decoder, cross-attention through it too. Otherwise the Python loop runs, as before;
+``AIAYN_NATIVE_LAYERS=0`` keeps it always. The results equal the Python loop's up to float rounding (the norms'
+moments are summed in another order); tests hold them equal.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from torch import Tensor, nn
 
 from aiayn import native
 from aiayn.nn.cache import DecoderCache
+from aiayn.nn.norms import RMSNorm
 from aiayn.nn.packed import FUSED_ACTIVATIONS, PackedLinear
 
 if TYPE_CHECKING:
     from aiayn.generate.fast_step import _Layer, _Product, _Wiring
 
 ENV_VAR = "AIAYN_NATIVE_LAYERS"  # "0" keeps every decoding step's layers in the Python loop
+GATED = {"swiglu": 1, "geglu": 2}  # a gated feed-forward network's activation, by name: decoder_layer.c's code
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 
@@ -47,7 +50,7 @@ class _CWiring(ctypes.Structure):
 
 
 class _CLayer(ctypes.Structure):
-    _fields_ = [("d", _I), ("hq", _I), ("hkv", _I), ("dh", _I), ("cross", _I), ("self_scale", _F),
+    _fields_ = [("d", _I), ("hq", _I), ("hkv", _I), ("dh", _I), ("cross", _I), ("gated", _I), ("self_scale", _F),
                 ("cross_scale", _F), *[(name, _CProduct) for name in
                                        ("qkv", "self_out", "cross_q", "cross_out", "w_in", "w_out")],
                 *[(name, _CWiring) for name in ("self_res", "cross_res", "ffn_res")]]
@@ -57,7 +60,8 @@ class _CStep(ctypes.Structure):
     _fields_ = [("n", _I), ("kv", _P), ("kv_st", _I), ("kv_sb", _I), ("kv_sh", _I), ("kv_v", _I), ("length", _I),
                 ("rows", _P), ("r_ss", _I), ("mask", _P), ("m_sb", _I), ("m_ss", _I), ("ck", _P), ("cv", _P),
                 ("c_sb", _I), ("c_sh", _I), ("c_ss", _I), ("c_len", _I), ("group", _I), ("c_mask", _P),
-                ("cm_sb", _I), ("cm_ss", _I), ("scratch", _P), ("threads", _I)]
+                ("cm_sb", _I), ("cm_ss", _I), ("cos", _P), ("sin", _P), ("rot_sb", _I), ("scratch", _P),
+                ("threads", _I)]
 
 
 def enabled() -> bool:
@@ -66,10 +70,14 @@ def enabled() -> bool:
 
 
 def _wiring(w: _Wiring, d: int) -> _CWiring | None:
-    """A residual wiring as C takes it, or None where its norm is neither LayerNorm over the last dimension nor none."""
+    """A residual wiring as C takes it, or None where its norm is not LayerNorm or RMSNorm over the last dimension,
+    or none."""
     norm = w.module
     if type(norm) is nn.Identity:
         return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=0, weight=None, bias=None, eps=0.0)
+    if type(norm) is RMSNorm and norm.weight.shape == (d,) and native.cpu_fp32(norm.weight):
+        return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=2, weight=norm.weight.data_ptr(), bias=None,
+                        eps=float(norm.eps))
     if type(norm) is not nn.LayerNorm or tuple(norm.normalized_shape) != (d,):
         return None
     ok = all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
@@ -107,16 +115,19 @@ class NativeLayers:
             return None
         c_layers = []
         for lay in layers:
-            if lay.self_backend == "reference" or lay.ffn.activation not in FUSED_ACTIVATIONS:
+            gated = GATED.get(lay.ffn.activation, 0) if lay.ffn.gated else 0
+            if lay.self_backend == "reference" or (lay.ffn.gated and not gated):
                 return None
-            if not isinstance(lay.ffn.w_in, PackedLinear):  # only a PackedLinear fuses the activation
+            # without a gate the activation is fused into w_in's product, which only a PackedLinear does
+            if not gated and not (lay.ffn.activation in FUSED_ACTIVATIONS and isinstance(lay.ffn.w_in, PackedLinear)):
                 return None
             if lay.cross and lay.cross_backend == "reference":
                 return None
             qw, kvw = lay.q_width, 2 * lay.hkv * lay.dh
             products = {"qkv": _product(lay.qkv, rows, d), "self_out": _product(lay.self_out, rows, qw),
-                        "w_in": _product(lay.w_in, rows, d, lay.ffn.activation)}
-            products["w_out"] = _product(lay.w_out, rows, products["w_in"].n) if products["w_in"] else None
+                        "w_in": _product(lay.w_in, rows, d, None if gated else lay.ffn.activation)}
+            hidden = None if products["w_in"] is None else products["w_in"].n // (2 if gated else 1)
+            products["w_out"] = None if hidden is None else _product(lay.w_out, rows, hidden)
             wirings = {"self_res": _wiring(lay.self_res, d), "ffn_res": _wiring(lay.ffn_res, d)}
             if lay.cross:
                 products["cross_q"] = _product(lay.cross_q, rows, d)
@@ -127,14 +138,14 @@ class NativeLayers:
             if (products["qkv"].n != qw + kvw or products["self_out"].n != d or products["w_out"].n != d
                     or (lay.cross and (products["cross_q"].n != qw or products["cross_out"].n != d))):
                 return None
-            c_layers.append(_CLayer(d=d, hq=lay.hq, hkv=lay.hkv, dh=lay.dh, cross=int(lay.cross),
+            c_layers.append(_CLayer(d=d, hq=lay.hq, hkv=lay.hkv, dh=lay.dh, cross=int(lay.cross), gated=gated,
                                     self_scale=lay.native_scale,
                                     cross_scale=lay.cross_native_scale if lay.cross else 0.0,
                                     **products, **wirings))
         return cls(layers, rows, c_layers)
 
-    def __call__(self, x: Tensor, cache: DecoderCache, key_mask: Tensor | None,
-                 memory_key_mask: Tensor | None) -> Tensor | None:
+    def __call__(self, x: Tensor, cache: DecoderCache, key_mask: Tensor | None, memory_key_mask: Tensor | None,
+                 rotary: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         """Every layer's step on x (rows, d): its output (rows, d), the cache appended to; None (nothing done) where
         a cross-attention cache's keys and values do not share strides or a mask is shorter than what it covers.
 
@@ -143,6 +154,7 @@ class NativeLayers:
             cache: the stack's cache, its self-attention store with a buffer (its reorders deferred, ``lazy``).
             key_mask: (rows|1, length + 1) bool over the cache after this step's write, or None.
             memory_key_mask: (memory rows|1, source length) bool, or None.
+            rotary: RoPE's (cos, sin), each (rows|1, 1, Dh) for this step's position, or None.
         """
         cross, length = cache.cross_attn, cache.self_attn[0].length
         if key_mask is not None and key_mask.shape[-1] < length + 1:
@@ -150,8 +162,18 @@ class NativeLayers:
         if cross and any(c.k.stride() != c.v.stride() or c.k.stride(-1) != 1 or (
                 memory_key_mask is not None and memory_key_mask.shape[-1] < c.k.shape[2]) for c in cross):
             return None
-        x = x.contiguous().clone()
         step, store = self._step, cache.self_attn[0].store
+        if rotary is None:
+            step.cos = step.sin = None
+        else:
+            cos, sin = rotary
+            dh = self.layers[0].dh
+            shape_ok = cos.dim() == 3 and cos.shape[1:] == (1, dh) and cos.shape[0] in (1, self.rows)
+            if not (shape_ok and cos.shape == sin.shape and cos.stride() == sin.stride() and cos.stride(-1) == 1
+                    and native.cpu_fp32(cos, sin)):
+                return None
+            step.cos, step.sin, step.rot_sb = cos.data_ptr(), sin.data_ptr(), cos.stride(0) * (cos.shape[0] > 1)
+        x = x.contiguous().clone()
         step.threads = torch.get_num_threads()
         if key_mask is None:
             step.mask = None

@@ -26,7 +26,8 @@ typedef struct {
 } aiayn_product;
 
 /* A residual wiring (aiayn.nn.layers.Residual in eval mode). pre: enter = norm(x), exit = x + y; else enter = x,
- * exit = norm(alpha x + y). norm: 0 identity, 1 LayerNorm(weight or NULL, bias or NULL, eps) over the last dimension. */
+ * exit = norm(alpha x + y). norm over the last dimension: 0 identity, 1 LayerNorm(weight or NULL, bias or NULL, eps),
+ * 2 RMSNorm(weight, eps) as aiayn.nn.norms.RMSNorm. */
 typedef struct {
     int64_t pre;
     float alpha;
@@ -37,15 +38,18 @@ typedef struct {
 } aiayn_wiring;
 
 /* What one layer is, fixed for a decode. Widths: d model, hq query heads and hkv key/value heads of dh each; the
- * fused projection gives (hq + 2 hkv) dh columns: queries, then keys, then values. */
+ * fused projection gives (hq + 2 hkv) dh columns: queries, then keys, then values. gated: 0 the feed-forward
+ * network's activation is w_in's own (act), 1 SwiGLU, 2 GeGLU: w_in gives the gate's columns, then the up
+ * projection's, and the hidden layer is act(gate) * up. */
 typedef struct {
-    int64_t d, hq, hkv, dh, cross;
+    int64_t d, hq, hkv, dh, cross, gated;
     float self_scale, cross_scale;
     aiayn_product qkv, self_out, cross_q, cross_out, w_in, w_out;
     aiayn_wiring self_res, cross_res, ffn_res;
 } aiayn_layer;
 
-/* What changes from step to step. n rows. kv: this layer's keys at cache position 0 of buffer row 0 (the values at
+/* What changes from step to step. n rows. cos, sin: RoPE's (n|1, dh) angles of this step's position (row stride
+ * rot_sb, 0 to broadcast), applied to the queries and new keys as aiayn.nn.positions.apply_rotary does; or NULL. kv: this layer's keys at cache position 0 of buffer row 0 (the values at
  * + kv_v), strides kv_st (position), kv_sb (buffer row), kv_sh (head); length: positions cached before this step
  * (the new one is written at position length, buffer row b for batch row b). rows: (positions, n) table of buffer
  * rows (row stride r_ss), or NULL. mask: (n|1, length + 1) 0/1 over the cache, strides m_sb (0 to broadcast), m_ss;
@@ -65,6 +69,9 @@ typedef struct {
     int64_t c_sb, c_sh, c_ss, c_len, group;
     const uint8_t* c_mask;
     int64_t cm_sb, cm_ss;
+    const float* cos;
+    const float* sin;
+    int64_t rot_sb;
     float* scratch;
     int64_t threads;
 } aiayn_step;
@@ -133,6 +140,26 @@ static void layer_norm_row(const aiayn_wiring* w, const float* x, float* y, int6
         }
 }
 
+/* y = RMSNorm(x) of one row (y may be x): weight * (x / sqrt(mean(x^2) + eps)). */
+static void rms_norm_row(const aiayn_wiring* w, const float* x, float* y, int64_t d) {
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16)
+        for (int l = 0; l < 16; l++) acc[l] += x[j + l] * x[j + l];
+    float ss = 0.0f;
+    for (; j < d; j++) ss += x[j] * x[j];
+    for (int l = 0; l < 16; l++) ss += acc[l];
+    const float r = 1.0f / sqrtf(ss / (float)d + w->eps);
+    for (j = 0; j < d; j++) y[j] = w->weight[j] * (x[j] * r);
+}
+
+static void norm_row(const aiayn_wiring* w, const float* x, float* y, int64_t d) {
+    if (w->norm == 2)
+        rms_norm_row(w, x, y, d);
+    else
+        layer_norm_row(w, x, y, d);
+}
+
 /* Rows are shared among the threads only when there are enough of them to pay for the team. */
 static int64_t row_threads(int64_t n, int64_t d, int64_t threads) { return n * d >= (1 << 15) ? threads : 1; }
 
@@ -141,7 +168,7 @@ static const float* enter(const aiayn_wiring* w, const float* x, float* h, int64
     if (!w->pre || !w->norm) return x;
     const int64_t T = row_threads(n, d, threads);
     #pragma omp parallel for num_threads(T) if (T > 1) schedule(static)
-    for (int64_t r = 0; r < n; r++) layer_norm_row(w, x + r * d, h + r * d, d);
+    for (int64_t r = 0; r < n; r++) norm_row(w, x + r * d, h + r * d, d);
     return h;
 }
 
@@ -161,7 +188,33 @@ static void leave(const aiayn_wiring* w, float* x, const float* y, int64_t n, in
                 const float ax = alpha * xr[j];
                 xr[j] = ax + yr[j];
             }
-        if (post_norm) layer_norm_row(w, xr, xr, d);
+        if (post_norm) norm_row(w, xr, xr, d);
+    }
+}
+
+/* RoPE on `heads` heads of dh values at x (in place): x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1). */
+static void rotate(float* x, int64_t heads, int64_t dh, const float* cos, const float* sin) {
+    const int64_t half = dh / 2;
+    for (int64_t h = 0; h < heads; h++, x += dh)
+        for (int64_t j = 0; j < half; j++) {
+            const float x1 = x[j], x2 = x[j + half];
+            x[j] = x1 * cos[j] - x2 * sin[j];
+            x[j + half] = x2 * cos[j + half] + x1 * sin[j + half];
+        }
+}
+
+/* A gated hidden layer in place: u[r, j] = act(gate) * up for j < f, gate = u[r, j], up = u[r, f + j]; the row
+ * stride stays 2 f. act: SiLU (gated 1) or GELU with the exact erf (gated 2), as torch's F.silu and F.gelu. */
+static void gate_rows(float* u, int64_t n, int64_t f, int64_t gated, int64_t threads) {
+    const int64_t T = n * f >= (1 << 15) ? threads : 1;
+    #pragma omp parallel for num_threads(T) if (T > 1) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        float* g = u + r * 2 * f;
+        for (int64_t j = 0; j < f; j++) {
+            const float z = g[j];
+            const float a = gated == 1 ? z / (1.0f + expf(-z)) : 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+            g[j] = a * g[f + j];
+        }
     }
 }
 
@@ -178,6 +231,12 @@ void aiayn_decoder_layer_step(const aiayn_layer* L, const aiayn_step* s, float* 
 
     /* self-attention over the cache, the new position written first */
     product(&L->qkv, enter(&L->self_res, x, h, n, d, th), d, n, qkv, wq, xpack, th);
+    if (s->cos)  /* the queries and the new keys rotated to this step's position */
+        for (int64_t b = 0; b < n; b++) {
+            const float* c = s->cos + b * s->rot_sb;
+            const float* sn = s->sin + b * s->rot_sb;
+            rotate(qkv + b * wq, hq + hkv, dh, c, sn);
+        }
     for (int64_t b = 0; b < n; b++)
         memcpy(s->kv + s->length * s->kv_st + b * s->kv_sb, qkv + b * wq + qw, sizeof(float) * 2 * hkv * dh);
     aiayn_few_query_attention(qkv, wq, dh, 0, s->kv, s->kv + s->kv_v, s->kv_sb, s->kv_sh, s->kv_st, s->rows,
@@ -197,6 +256,7 @@ void aiayn_decoder_layer_step(const aiayn_layer* L, const aiayn_step* s, float* 
     }
 
     product(&L->w_in, enter(&L->ffn_res, x, h, n, d, th), d, n, u, L->w_in.n, xpack, th);
-    product(&L->w_out, u, L->w_in.n, n, y, d, xpack, th);
+    if (L->gated) gate_rows(u, n, L->w_in.n / 2, L->gated, th);
+    product(&L->w_out, u, L->w_in.n, n, y, d, xpack, th);  /* gated: the first half of each row of u */
     leave(&L->ffn_res, x, y, n, d, th);
 }
