@@ -9,6 +9,7 @@ import torch
 
 from aiayn import ModelConfig, build_model, native
 from aiayn.generate import LMStepper, Seq2SeqStepper, generate, native_step, translate
+from aiayn.generate.fast_step import FastEncoder
 from aiayn.generate.lm import left_pad
 from aiayn.generate.steppers import eval_mode
 from aiayn.nn.layout import cpu_inference_layout
@@ -127,10 +128,42 @@ def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytes
     s2s, lm = _model("encoder-decoder"), _model("decoder", norm_position="pre", activation="gelu")
     src = torch.randint(3, 61, (9, 9), generator=torch.Generator().manual_seed(3))
     src[2, 4:] = 0
-    out = {}
+    tokens, scores = {}, {}
     for flag in ("0", "1"):
         monkeypatch.setenv(native_step.ENV_VAR, flag)
         hyps = [translate(s2s, s, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2) for s in (src[:1], src)]
         gen = generate(lm, [[5, 6, 7], [8]] * 4, max_new_tokens=6, stop_ids=(), greedy=True)
-        out[flag] = ([[[(h.tokens, round(h.score, 4)) for h in sent] for sent in batch] for batch in hyps], gen)
-    assert out["0"] == out["1"]
+        tokens[flag] = ([[[h.tokens for h in sent] for sent in batch] for batch in hyps], gen)
+        scores[flag] = torch.tensor([h.score for batch in hyps for sent in batch for h in sent])
+    assert tokens["0"] == tokens["1"]
+    torch.testing.assert_close(scores["1"], scores["0"], atol=1e-4, rtol=0)  # sums of ~10 log-probabilities
+
+
+@pytest.mark.parametrize("rows", list(ROWS))
+@pytest.mark.parametrize("variant", ["paper", "pre_gelu_learned", "gqa_no_positions", "deepnorm"])
+def test_native_encoder_equals_the_modules(variant: str, rows: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoder's pass as native calls, with padded sentences (the key mask) of 1 or 8 x 3 sentences."""
+    _skip_unless_kernel(rows)
+    model = _model("encoder-decoder", **SERVED[variant])
+    n = BEAMS * ROWS[rows]  # as many sentences as the decoding tests have rows, so both products serve
+    src = torch.randint(3, 61, (n, 7), generator=torch.Generator().manual_seed(4))
+    src[0, 5:] = 0
+    monkeypatch.setenv(native_step.ENV_VAR, "1")
+    with eval_mode(model):
+        fast = FastEncoder.build(model.encoder)
+        assert fast is not None
+        got = fast(src, src != 0)
+        want, _, _ = model.encode(src, src != 0)
+    assert got is not None
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_native_encoder_leaves_rope_and_unbuilt_cases_to_the_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model("encoder-decoder", position="rope")
+    src = torch.randint(3, 61, (3, 7))
+    with eval_mode(model):
+        assert FastEncoder.build(model.encoder)(src, src != 0) is None  # RoPE: the modules
+        monkeypatch.setenv(native_step.ENV_VAR, "0")
+        assert FastEncoder.build(model.encoder)(src, src != 0) is None
+    assert FastEncoder.build(model.encoder) is None  # outside a decoding call's frozen block
+

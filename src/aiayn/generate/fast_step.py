@@ -149,6 +149,18 @@ class _Layer:
         self.ffn_res = _Wiring(layer.ffn_res)
 
 
+def _native_key_mask(x: Tensor, mask: Tensor | None) -> Tensor | None | bool:
+    """An attention mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where the kernel
+    does not serve it: hidden states x not fp32 on the CPU, or a mask that varies over heads or queries."""
+    if not native.cpu_fp32(x):
+        return False
+    if mask is None:
+        return None
+    if mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.dtype == torch.bool:
+        return mask[:, 0, 0, :]
+    return False
+
+
 def _modules_must_run(stack: nn.Module) -> bool:
     """Whether ``stack`` or a module in it is in training mode (dropout) or has a forward (pre-)hook, or a global
     forward hook is registered: the flat program would skip them."""
@@ -172,15 +184,8 @@ class FastDecoderStep:
         self.native_layers: dict[int, NativeLayers | None] = {}  # by rows: every layer as one native call, or None
 
     def _native_mask(self, x: Tensor, mask: Tensor | None) -> Tensor | None | bool:
-        """An attention mask as the native kernel takes it, (B|1, S) bool or None (no mask), or False where the kernel
-        does not serve this step: not built, not fp32 on the CPU, or a mask that varies over heads or queries."""
-        if not self.native or not native.cpu_fp32(x):
-            return False
-        if mask is None:
-            return None
-        if mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.dtype == torch.bool:
-            return mask[:, 0, 0, :]
-        return False
+        """:func:`_native_key_mask`, False where the kernels are not built."""
+        return _native_key_mask(x, mask) if self.native else False
 
     @classmethod
     def build(cls, stack: TransformerStack) -> FastDecoderStep | None:
@@ -272,3 +277,44 @@ class FastDecoderStep:
                 x = lay.cross_res.exit(x, lay.cross_out(a))
             x = lay.ffn_res.exit(x, lay.ffn.through(lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)
+
+
+class FastEncoder:
+    """An encoder stack's pass at inference as one native call per layer (:meth:`NativeLayers.encode
+    <aiayn.generate.native_step.NativeLayers.encode>`): the same products, attention kernel and glue in C as a native
+    decoding step, each token attending over its own sentence. Built like :class:`FastDecoderStep` (inside a
+    decoding call's frozen block, eval mode, no hooks); a pass returns None, and the caller runs the modules, where
+    something has no native form (see :mod:`aiayn.generate.native_step`; also RoPE or a position bias here).
+    """
+
+    def __init__(self, stack: TransformerStack) -> None:
+        self.stack = stack
+        self.layers = [_Layer(layer) for layer in stack.layers]
+        self.final_norm = _norm(stack.final_norm)
+        self.native_layers: dict[int, NativeLayers | None] = {}  # by rows
+
+    @classmethod
+    def build(cls, stack: TransformerStack) -> FastEncoder | None:
+        """A native pass for the non-causal ``stack``, or None where the modules must run."""
+        if FastDecoderStep.build(stack) is None or stack.causal or native.library() is None:
+            return None
+        return cls(stack)
+
+    def __call__(self, ids: Tensor, is_token: Tensor) -> Tensor | None:
+        """ids (B, S), is_token (B, S) bool -> the stack's output (B, S, D), or None (nothing run) where the pass has
+        no native form."""
+        x, mask, bias, rotary, is_causal, _ = self.stack.prepare(ids, is_token=is_token)
+        if bias is not None or rotary is not None or is_causal or not native.cpu_fp32(x):
+            return None
+        b, s, d = x.shape
+        key_mask = _native_key_mask(x, mask)
+        if key_mask is False or b * s == 0:
+            return None
+        n = b * s
+        if n not in self.native_layers:
+            self.native_layers[n] = NativeLayers.build(self.layers, n, d)
+        layers = self.native_layers[n]
+        if layers is None:
+            return None
+        return self.final_norm(layers.encode(x.reshape(n, d), s, key_mask)).view(b, s, d)
+

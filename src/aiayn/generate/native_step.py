@@ -7,8 +7,10 @@ write, views, fresh outputs) and as many lines of Python; at batch 32 of the Mul
 decode's 316 ms on the 2-core development host (docs/BENCHMARKS.md). :class:`NativeLayers` hands each layer to
 ``aiayn_decoder_layer_step``: the same products, by the kernels each layer's plan chose (``plan.native_product``:
 the panel or the few-rows kernel), the same attention kernel, and in C the glue: the norms, the residual sums, RoPE,
-a gated activation, the new position's keys and values copied into the cache. What stays in Python per layer is a dozen fields of a
-``ctypes`` structure (the cache's address and length, the deferred reorders' row table, the masks).
+a gated activation, the new position's keys and values copied into the cache. What stays in Python per layer is a
+dozen fields of a ``ctypes`` structure (the cache's address and length, the deferred reorders' row table, the masks).
+An encoder's pass at inference goes the same way (:meth:`NativeLayers.encode`,
+:class:`~aiayn.generate.fast_step.FastEncoder`): each token attends over its own sentence's keys.
 
 It serves a step only where everything in it has a native form (:meth:`NativeLayers.build`): every product planned
 to a native kernel; norms that are LayerNorm, RMSNorm or none; a feed-forward network with ReLU/GELU fused into its
@@ -202,3 +204,28 @@ class NativeLayers:
             run(ctypes.byref(c_layer), ctypes.byref(step), x_ptr)
             sc.length += 1
         return x
+
+    def encode(self, x: Tensor, length: int, key_mask: Tensor | None) -> Tensor:
+        """An encoder stack's layers (no cross-attention) on x (rows, d): rows / ``length`` sequences of ``length``
+        tokens each, every token attending over its own sequence's keys (no cache, no RoPE).
+
+        Args:
+            x: (rows, d) the embedded tokens, sequence by sequence (not changed).
+            length: tokens per sequence.
+            key_mask: (rows / length | 1, length) bool, False at padding, or None.
+        Returns:
+            (rows, d) the last layer's output (no final norm).
+        """
+        step = self._step
+        step.threads, step.kv, step.length, step.cos, step.sin, step.rows = torch.get_num_threads(), None, length, \
+            None, None, None
+        if key_mask is None:
+            step.mask = None
+        else:
+            step.mask, step.m_sb, step.m_ss = key_mask.data_ptr(), key_mask.stride(0) * (key_mask.shape[0] > 1), \
+                key_mask.stride(1)
+        x = x.contiguous().clone()
+        for c_layer in self.c_layers:
+            self._step_fn(ctypes.byref(c_layer), ctypes.byref(step), x.data_ptr())
+        return x
+

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from aiayn.generate.fast_step import FastDecoderStep
+from aiayn.generate.fast_step import FastDecoderStep, FastEncoder
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.seq2seq import EncoderDecoderModel
 from aiayn.nn.packed import frozen_weights
@@ -82,11 +82,16 @@ class Seq2SeqStepper:
     def __init__(self, model: EncoderDecoderModel, src: Tensor, capacity: int, bos_id: int = 1,
                  src_is_token: Tensor | None = None) -> None:
         self.model, self.bos_id = model, bos_id
-        self.memory: Tensor | None
-        self.memory, self.src_is_token, _ = model.encode(src, src_is_token)  # (B, S, D), (Bm, S)
+        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
+        encoder = FastEncoder.build(model.encoder) if self.fast is not None else None
+        if src_is_token is None:
+            src_is_token = src != model.config.pad_id
+        self.memory: Tensor | None = None if encoder is None else encoder(src, src_is_token)  # (B, S, D)
+        if self.memory is None:  # the encoder's modules
+            self.memory, src_is_token, _ = model.encode(src, src_is_token)
+        self.src_is_token = src_is_token  # (Bm, S)
         self.cache = model.new_cache(capacity)
         self.group = 1  # consecutive rows per memory row: row i reads memory row i // group
-        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
 
     def first(self) -> Tensor:
         """Feed BOS to every sentence: logits (B, V)."""

@@ -48,7 +48,8 @@ typedef struct {
     aiayn_wiring self_res, cross_res, ffn_res;
 } aiayn_layer;
 
-/* What changes from step to step. n rows. cos, sin: RoPE's (n|1, dh) angles of this step's position (row stride
+/* What changes from step to step. n rows. kv NULL instead: an encoder's pass (no cache, no RoPE): the n rows are
+ * n / length sequences of length tokens, each attending over its own keys, mask (n / length | 1, length). cos, sin: RoPE's (n|1, dh) angles of this step's position (row stride
  * rot_sb, 0 to broadcast), applied to the queries and new keys as aiayn.nn.positions.apply_rotary does; or NULL. kv: this layer's keys at cache position 0 of buffer row 0 (the values at
  * + kv_v), strides kv_st (position), kv_sb (buffer row), kv_sh (head); length: positions cached before this step
  * (the new one is written at position length, buffer row b for batch row b). rows: (positions, n) table of buffer
@@ -218,7 +219,8 @@ static void gate_rows(float* u, int64_t n, int64_t f, int64_t gated, int64_t thr
     }
 }
 
-/* One decoding step of one layer, x (n, d) contiguous, updated in place (see aiayn_step for the rest). */
+/* One decoding step of one layer (or an encoder layer's pass), x (n, d) contiguous, updated in place (see aiayn_step
+ * for the rest). */
 void aiayn_decoder_layer_step(const aiayn_layer* L, const aiayn_step* s, float* x) {
     const int64_t n = s->n, d = L->d, dh = L->dh, hq = L->hq, hkv = L->hkv, th = s->threads;
     const int64_t wq = (hq + 2 * hkv) * dh, qw = hq * dh;
@@ -237,11 +239,18 @@ void aiayn_decoder_layer_step(const aiayn_layer* L, const aiayn_step* s, float* 
             const float* sn = s->sin + b * s->rot_sb;
             rotate(qkv + b * wq, hq + hkv, dh, c, sn);
         }
-    for (int64_t b = 0; b < n; b++)
-        memcpy(s->kv + s->length * s->kv_st + b * s->kv_sb, qkv + b * wq + qw, sizeof(float) * 2 * hkv * dh);
-    aiayn_few_query_attention(qkv, wq, dh, 0, s->kv, s->kv + s->kv_v, s->kv_sb, s->kv_sh, s->kv_st, s->rows,
-                              s->r_ss, s->mask, s->m_sb, s->m_ss, att, qw, dh, 0, n, hq, hkv, 1, s->length + 1, dh,
-                              L->self_scale, th);
+    if (s->kv) {  /* a decoding step: the new position into the cache, one query per row over it */
+        for (int64_t b = 0; b < n; b++)
+            memcpy(s->kv + s->length * s->kv_st + b * s->kv_sb, qkv + b * wq + qw, sizeof(float) * 2 * hkv * dh);
+        aiayn_few_query_attention(qkv, wq, dh, 0, s->kv, s->kv + s->kv_v, s->kv_sb, s->kv_sh, s->kv_st, s->rows,
+                                  s->r_ss, s->mask, s->m_sb, s->m_ss, att, qw, dh, 0, n, hq, hkv, 1, s->length + 1,
+                                  dh, L->self_scale, th);
+    } else {  /* an encoder: n / length sequences of length rows, each attending over its own keys */
+        const int64_t t = s->length, bs = n / t;
+        aiayn_few_query_attention(qkv, t * wq, dh, wq, qkv + qw, qkv + qw + hkv * dh, t * wq, dh, wq, NULL, 0,
+                                  s->mask, s->m_sb, s->m_ss, att, t * qw, dh, qw, bs, hq, hkv, t, t, dh,
+                                  L->self_scale, th);
+    }
     product(&L->self_out, att, qw, n, y, d, xpack, th);
     leave(&L->self_res, x, y, n, d, th);
 
