@@ -11,7 +11,8 @@ Cases: beam-4 translation (length penalty 0.6, 20-token sources, 21 steps, EOS m
 Multi30k and paper-base sizes, batch 1 and 32; greedy generation (16-token prompts, 128 new tokens) at batch 1 and 16
 of ``generate_lm.py``'s GPT-2-like model (6 x 384, learned positions, pre-norm LayerNorm, GELU) and of a LLaMA-like
 one of that size (the ``llama`` preset at 6 x 384, 6 query and 2 key/value heads, d_ff 1024, vocabulary 32000: RoPE,
-RMSNorm, SwiGLU).
+RMSNorm, SwiGLU); and the encoder alone (``encoder-SIZE:BATCH``: a ``Seq2SeqStepper`` made, which encodes the 20-token
+sources; ``same`` compares the memories to 1e-5).
 
     .venv/bin/python bench/native_layers.py
     .venv/bin/python bench/native_layers.py --runs 15 --cases multi30k:32
@@ -38,10 +39,11 @@ import translate_beam  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate, native_step  # noqa: E402
+from aiayn.generate.steppers import Seq2SeqStepper, eval_mode  # noqa: E402
 from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
 
 CASES = ["multi30k:1", "multi30k:32", "paper-base:1", "paper-base:32", "generate:1", "generate:16", "llama:1",
-         "llama:16"]
+         "llama:16", "encoder-multi30k:1", "encoder-multi30k:32", "encoder-paper-base:1", "encoder-paper-base:32"]
 COLUMNS = ["case", "unit", "python_loop_ms", "native_layers_ms", "speedup", "best_speedup", "native_layers_used",
            "same"]
 
@@ -55,7 +57,8 @@ def _with_flag(fn: Callable[[], Any], flag: str) -> Callable[[], Any]:
 
 @contextlib.contextmanager
 def counting_native_steps() -> Iterator[dict[str, int]]:
-    """Count the steps that take the native layers while inside (to report that a case exercises them at all)."""
+    """Count the steps (and encoder passes) that take the native layers while inside (to report that a case
+    exercises them at all)."""
     counts = {"steps": 0}
     call = native_step.NativeLayers.__call__
 
@@ -64,11 +67,26 @@ def counting_native_steps() -> Iterator[dict[str, int]]:
         counts["steps"] += out is not None
         return out
 
+    encode = native_step.NativeLayers.encode
+
+    def counted_encode(layers: native_step.NativeLayers, *a: Any, **k: Any) -> Any:
+        counts["steps"] += 1
+        return encode(layers, *a, **k)
+
     native_step.NativeLayers.__call__ = counted  # type: ignore[method-assign]
+    native_step.NativeLayers.encode = counted_encode  # type: ignore[method-assign]
     try:
         yield counts
     finally:
         native_step.NativeLayers.__call__ = call  # type: ignore[method-assign]
+        native_step.NativeLayers.encode = encode  # type: ignore[method-assign]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Tokens equal; an encoder's output equal up to float rounding (the norms' sums in another order)."""
+    if isinstance(a, torch.Tensor):
+        return bool(torch.allclose(a, b, atol=1e-5, rtol=0))
+    return a == b
 
 
 def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[Any], Any], str, Any]:
@@ -89,6 +107,13 @@ def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[An
         new = 16 if quick else 128
         return (lambda: generate(model, prompts, max_new_tokens=new, greedy=True, stop_ids=(), pad_id=0),
                 lambda out: out, "tok", torch.no_grad())
+    if what.startswith("encoder-"):  # the encoder alone: a Seq2SeqStepper made, which encodes the source
+        size = translate_beam.SIZES[what.removeprefix("encoder-")]
+        torch.manual_seed(0)
+        model = translate_beam.aiayn_model(size)
+        src = torch.randint(5, size.vocab_size - 2, (batch, 20), generator=torch.Generator().manual_seed(batch))
+        return (lambda: Seq2SeqStepper(model, src, capacity=22).memory, lambda memory: memory, "sent",
+                eval_mode(model))
     size = translate_beam.SIZES[what]
     torch.manual_seed(0)
     model, out = translate_beam.aiayn_model(size), {}
@@ -114,7 +139,7 @@ def bench_case(case: str, runs: int, quick: bool) -> dict[str, Any]:
     py, nat = benchlib.median(times["python"]), benchlib.median(times["native"])
     return {"case": case, "unit": unit, "python_loop_ms": py * 1e3, "native_layers_ms": nat * 1e3,
             "speedup": py / nat, "best_speedup": min(times["python"]) / min(times["native"]),
-            "native_layers_used": counts["steps"] > 0, "same": outputs["0"] == outputs["1"],
+            "native_layers_used": counts["steps"] > 0, "same": _same(outputs["0"], outputs["1"]),
             "times": {k: [round(t, 5) for t in v] for k, v in times.items()}}
 
 
