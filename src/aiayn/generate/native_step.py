@@ -91,6 +91,14 @@ def _wiring(w: _Wiring, d: int) -> _CWiring | None:
                     bias=None if norm.bias is None else norm.bias.data_ptr())
 
 
+def _mask_args(mask: Tensor | None) -> tuple[int | None, int, int]:
+    """A (B|1, S) bool key mask as C takes it: its address (None: no mask), batch stride (0 to broadcast one row
+    over the batch) and key stride."""
+    if mask is None:
+        return None, 0, 0
+    return mask.data_ptr(), mask.stride(0) * (mask.shape[0] > 1), mask.stride(1)
+
+
 def _product(product: _Product, rows: int, width: int, activation: str | None = None) -> _CProduct | None:
     """The plan ``product`` takes for (rows, width) fp32 inputs, as C takes it; None where it is not a native kernel."""
     spec = getattr(product.plan_for(torch.Size((rows, width)), torch.float32, activation), "native_product", None)
@@ -177,17 +185,8 @@ class NativeLayers:
             step.cos, step.sin, step.rot_sb = cos.data_ptr(), sin.data_ptr(), cos.stride(0) * (cos.shape[0] > 1)
         x = x.contiguous().clone()
         step.threads = torch.get_num_threads()
-        if key_mask is None:
-            step.mask = None
-        else:
-            step.mask, step.m_sb, step.m_ss = key_mask.data_ptr(), key_mask.stride(0) * (key_mask.shape[0] > 1), \
-                key_mask.stride(1)
-        if memory_key_mask is None:
-            step.c_mask = None
-        else:
-            step.c_mask, step.cm_sb, step.cm_ss = (memory_key_mask.data_ptr(),
-                                                   memory_key_mask.stride(0) * (memory_key_mask.shape[0] > 1),
-                                                   memory_key_mask.stride(1))
+        step.mask, step.m_sb, step.m_ss = _mask_args(key_mask)
+        step.c_mask, step.cm_sb, step.cm_ss = _mask_args(memory_key_mask)
         run, x_ptr = self._step_fn, x.data_ptr()
         for i, c_layer in enumerate(self.c_layers):
             sc = cache.self_attn[i]
@@ -219,11 +218,7 @@ class NativeLayers:
         step = self._step
         step.threads, step.kv, step.length, step.cos, step.sin, step.rows = torch.get_num_threads(), None, length, \
             None, None, None
-        if key_mask is None:
-            step.mask = None
-        else:
-            step.mask, step.m_sb, step.m_ss = key_mask.data_ptr(), key_mask.stride(0) * (key_mask.shape[0] > 1), \
-                key_mask.stride(1)
+        step.mask, step.m_sb, step.m_ss = _mask_args(key_mask)
         x = x.contiguous().clone()
         for c_layer in self.c_layers:
             self._step_fn(ctypes.byref(c_layer), ctypes.byref(step), x.data_ptr())
