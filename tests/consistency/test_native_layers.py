@@ -165,5 +165,8 @@ def test_native_encoder_leaves_rope_and_unbuilt_cases_to_the_modules(monkeypatch
         assert FastEncoder.build(model.encoder)(src, src != 0) is None  # RoPE: the modules
         monkeypatch.setenv(native_step.ENV_VAR, "0")
         assert FastEncoder.build(model.encoder)(src, src != 0) is None
+        monkeypatch.setenv(native_step.ENV_VAR, "1")
+        bf16 = _model("encoder-decoder").to(torch.bfloat16)
+        assert FastEncoder.build(bf16.encoder)(src, src != 0) is None  # fp32 only
     assert FastEncoder.build(model.encoder) is None  # outside a decoding call's frozen block
 

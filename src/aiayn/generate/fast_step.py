@@ -303,6 +303,8 @@ class FastEncoder:
     def __call__(self, ids: Tensor, is_token: Tensor) -> Tensor | None:
         """ids (B, S), is_token (B, S) bool -> the stack's output (B, S, D), or None (nothing run) where the pass has
         no native form."""
+        if ids.device.type != "cpu" or self.stack.embed.weight.dtype != torch.float32:  # before any work
+            return None
         x, mask, bias, rotary, is_causal, _ = self.stack.prepare(ids, is_token=is_token)
         if bias is not None or rotary is not None or is_causal or not native.cpu_fp32(x):
             return None
