@@ -68,19 +68,20 @@ class _Product:
 
     def __call__(self, x: Tensor, activation: str | None = None) -> Tensor:
         """x (..., in) -> (..., out), with ``activation`` applied (only where the layer is a PackedLinear)."""
-        key = (x.shape, x.dtype, activation)
-        plan = self.plans.get(key)
+        plan = self.plans.get((x.shape, x.dtype, activation))
         if plan is None:
-            plan = self.plans[key] = self._plan(x, activation)
+            plan = self.plan_for(x.shape, x.dtype, activation, example=x)
         return plan(x)
 
-    def plan_for(self, shape: torch.Size, dtype: torch.dtype,
-                 activation: str | None = None) -> Callable[[Tensor], Tensor]:
-        """The plan :meth:`__call__` takes for inputs of ``shape`` and ``dtype`` (made now if it has none yet)."""
+    def plan_for(self, shape: torch.Size, dtype: torch.dtype, activation: str | None = None,
+                 example: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """The plan :meth:`__call__` takes for inputs of ``shape`` and ``dtype``, made now (from ``example``, or an
+        empty tensor of that shape) if it has none yet."""
         key = (shape, dtype, activation)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self._plan(torch.empty(shape, dtype=dtype), activation)
+            plan = self.plans[key] = self._plan(torch.empty(shape, dtype=dtype) if example is None else example,
+                                                activation)
         return plan
 
     def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
@@ -161,6 +162,13 @@ def _native_key_mask(x: Tensor, mask: Tensor | None) -> Tensor | None | bool:
     return False
 
 
+def _flat_program_may_run(stack: nn.Module) -> bool:
+    """Whether ``stack`` may run as a flat program instead of its modules: ``AIAYN_FAST_DECODE_STEP`` is not "0",
+    inside a :func:`~aiayn.nn.packed.frozen_weights` block (the products are planned for it), and nothing in the
+    stack needs its modules to run (:func:`_modules_must_run`)."""
+    return os.environ.get(ENV_VAR, "1").strip() != "0" and bool(frozen_block()) and not _modules_must_run(stack)
+
+
 def _modules_must_run(stack: nn.Module) -> bool:
     """Whether ``stack`` or a module in it is in training mode (dropout) or has a forward (pre-)hook, or a global
     forward hook is registered: the flat program would skip them."""
@@ -190,11 +198,7 @@ class FastDecoderStep:
     @classmethod
     def build(cls, stack: TransformerStack) -> FastDecoderStep | None:
         """A fast step for ``stack``, or None where the modules must run (see the module docstring)."""
-        if os.environ.get(ENV_VAR, "1").strip() == "0" or not frozen_block():
-            return None
-        if _modules_must_run(stack):
-            return None
-        return cls(stack)
+        return cls(stack) if _flat_program_may_run(stack) else None
 
     def ready(self, cache: DecoderCache) -> bool:
         """Whether the next step may take this path: still in the block it was built in, and the memory is
@@ -296,7 +300,7 @@ class FastEncoder:
     @classmethod
     def build(cls, stack: TransformerStack) -> FastEncoder | None:
         """A native pass for the non-causal ``stack``, or None where the modules must run."""
-        if FastDecoderStep.build(stack) is None or stack.causal or native.library() is None:
+        if stack.causal or native.library() is None or not _flat_program_may_run(stack):
             return None
         return cls(stack)
 

@@ -77,18 +77,17 @@ def _wiring(w: _Wiring, d: int) -> _CWiring | None:
     norm = w.module
     if type(norm) is nn.Identity:
         return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=0, weight=None, bias=None, eps=0.0)
-    if type(norm) is RMSNorm and norm.weight.shape == (d,) and native.cpu_fp32(norm.weight):
-        return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=2, weight=norm.weight.data_ptr(), bias=None,
-                        eps=float(norm.eps))
-    if type(norm) is not nn.LayerNorm or tuple(norm.normalized_shape) != (d,):
+    if type(norm) is RMSNorm:
+        kind, weight, bias = 2, norm.weight, None
+    elif type(norm) is nn.LayerNorm and tuple(norm.normalized_shape) == (d,):
+        kind, weight, bias = 1, norm.weight, norm.bias
+    else:
         return None
-    ok = all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
-             for t in (norm.weight, norm.bias))
-    if not ok:
+    if not all(t is None or (t.shape == (d,) and t.is_contiguous() and native.cpu_fp32(t)) for t in (weight, bias)):
         return None
-    return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=1, eps=float(norm.eps),
-                    weight=None if norm.weight is None else norm.weight.data_ptr(),
-                    bias=None if norm.bias is None else norm.bias.data_ptr())
+    return _CWiring(pre=int(w.pre), alpha=float(w.alpha), norm=kind, eps=float(norm.eps),
+                    weight=None if weight is None else weight.data_ptr(),
+                    bias=None if bias is None else bias.data_ptr())
 
 
 def _mask_args(mask: Tensor | None) -> tuple[int | None, int, int]:

@@ -279,7 +279,6 @@ class NativeProduct(NamedTuple):
     act: int
 
 
-
 def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
     """x (..., k) as the (rows, k) matrix with a contiguous last dimension the linear kernels take (a view where it
     can be); ``who`` names the kernel in the error for another width."""

@@ -48,15 +48,18 @@ typedef struct {
     aiayn_wiring self_res, cross_res, ffn_res;
 } aiayn_layer;
 
-/* What changes from step to step. n rows. kv NULL instead: an encoder's pass (no cache, no RoPE): the n rows are
- * n / length sequences of length tokens, each attending over its own keys, mask (n / length | 1, length). cos, sin: RoPE's (n|1, dh) angles of this step's position (row stride
- * rot_sb, 0 to broadcast), applied to the queries and new keys as aiayn.nn.positions.apply_rotary does; or NULL. kv: this layer's keys at cache position 0 of buffer row 0 (the values at
- * + kv_v), strides kv_st (position), kv_sb (buffer row), kv_sh (head); length: positions cached before this step
- * (the new one is written at position length, buffer row b for batch row b). rows: (positions, n) table of buffer
- * rows (row stride r_ss), or NULL. mask: (n|1, length + 1) 0/1 over the cache, strides m_sb (0 to broadcast), m_ss;
- * or NULL. Cross-attention: keys ck and values cv (n / group, hkv, c_len, dh) with strides c_sb, c_sh, c_ss; group
- * consecutive rows share one memory row; c_mask (n / group | 1, c_len) or NULL. scratch: aiayn_decoder_layer_scratch
- * floats, 64-byte aligned. */
+/* What changes from step to step. n rows.
+ * A decoding step (kv not NULL): kv is this layer's keys at cache position 0 of buffer row 0 (the values at + kv_v),
+ * strides kv_st (position), kv_sb (buffer row), kv_sh (head); length: positions cached before this step (the new
+ * one is written at position length, buffer row b for batch row b); rows: (positions, n) table of buffer rows (row
+ * stride r_ss), or NULL; mask: (n|1, length + 1) 0/1 over the cache, strides m_sb (0 to broadcast) and m_ss, or
+ * NULL; cos, sin: RoPE's (n|1, dh) angles of this step's position (row stride rot_sb, 0 to broadcast), applied to the
+ * queries and new keys as aiayn.nn.positions.apply_rotary does, or NULL.
+ * An encoder's pass (kv NULL; no cache, no RoPE): the n rows are n / length sequences of length tokens, each
+ * attending over its own keys; mask (n / length | 1, length).
+ * Cross-attention: keys ck and values cv (n / group, hkv, c_len, dh) with strides c_sb, c_sh, c_ss; group
+ * consecutive rows share one memory row; c_mask (n / group | 1, c_len) or NULL.
+ * scratch: aiayn_decoder_layer_scratch floats, 64-byte aligned. */
 typedef struct {
     int64_t n;
     float* kv;
