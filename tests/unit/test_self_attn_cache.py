@@ -83,3 +83,47 @@ def test_keys_that_do_not_fit_the_store_are_refused() -> None:
     cache.self_attn[0].append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
     with pytest.raises(ValueError, match="batch 3, 2 heads of width 4"):
         cache.self_attn[1].append(torch.randn(3, 1, 1, 8), torch.randn(3, 1, 1, 8))
+
+
+def _extend_and_reorder(cache: DecoderCache, plan: list) -> None:
+    """Run (is_token (B, t) | None, positions (B, t), default, rows to keep | None) steps on ``cache``'s bookkeeping."""
+    for is_token, positions, default, keep in plan:
+        padded = is_token is not None and not bool(is_token.all())
+        cache.extend(is_token, positions, padded, default=default)
+        if keep is not None:
+            cache.reorder(keep)
+
+
+def test_default_unpadded_positions_are_not_stored_until_needed() -> None:
+    """Steps at default positions with no padding keep nothing per row (no op per step or reorder); once a padded or
+    explicitly placed step comes, the stored flags and ids equal those of a cache that stored every step."""
+    b = 3
+    steps = [  # (is_token, positions, default, rows to keep)
+        (None, torch.arange(0, 2)[None].expand(b, 2), True, torch.tensor([2, 0, 0])),
+        (None, torch.tensor([[2]]).expand(b, 1), True, None),
+        (None, torch.tensor([[3]]).expand(b, 1), True, torch.tensor([1, 1, 2])),
+    ]
+    lazy, stored = DecoderCache(n_layers=1, capacity=8), DecoderCache(n_layers=1, capacity=8)
+    _extend_and_reorder(lazy, steps)
+    _extend_and_reorder(stored, [(s[0], s[1], False, s[3]) for s in steps])
+    assert lazy.key_pos is None and lazy.key_mask is None and not lazy.padded
+    assert lazy.length == stored.length == 4
+    torch.testing.assert_close(lazy.key_positions(b), stored.key_pos)
+    assert stored.key_mask.all()
+    # a padded step: from here on both store, and agree
+    pad_step = [(torch.tensor([[True], [False], [True]]), torch.tensor([[4]]).expand(b, 1), True,
+                 torch.tensor([2, 1, 0]))]
+    _extend_and_reorder(lazy, pad_step)
+    _extend_and_reorder(stored, pad_step)
+    assert lazy.padded and lazy.length == 5
+    torch.testing.assert_close(lazy.key_mask, stored.key_mask)
+    torch.testing.assert_close(lazy.key_pos, stored.key_pos)
+    assert lazy.key_mask[:, 4].tolist() == [True, False, True]
+    # explicit (non-default) positions also leave the lazy form, without padding
+    explicit, reference = DecoderCache(n_layers=1, capacity=8), DecoderCache(n_layers=1, capacity=8)
+    moved = [(None, torch.arange(0, 2)[None].expand(2, 2), True, None), (None, torch.tensor([[7], [9]]), False, None)]
+    _extend_and_reorder(explicit, moved)
+    _extend_and_reorder(reference, [(s[0], s[1], False, s[3]) for s in moved])
+    assert not explicit.padded and explicit.key_pos.tolist() == [[0, 1, 7], [0, 1, 9]]
+    torch.testing.assert_close(explicit.key_pos, reference.key_pos)
+    torch.testing.assert_close(explicit.key_mask, reference.key_mask)

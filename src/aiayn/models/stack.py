@@ -140,12 +140,11 @@ class TransformerStack(nn.Module):
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
         padded = is_token is not None and not bool(is_token.all())  # no host sync when is_token is None
-        if cache is not None:
-            new_is_token = is_token if is_token is not None else torch.ones(b, t, dtype=torch.bool,
-                                                                              device=ids.device)
-            key_is_token, key_pos = cache.extend(new_is_token, positions.expand(b, t), padded)
+        if cache is not None:  # (None, None) while every row's keys are unpadded at default positions
+            key_is_token, key_pos = cache.extend(is_token, positions.expand(b, t), padded,
+                                                   default=default_positions)
             padded = cache.padded
-        s = key_pos.shape[1]
+        s = cache.length if cache is not None else t
 
         # ---- self-attention mask: causal / window / padding / extra, as one bool mask or the causal fast path
         mask = attn_mask
@@ -154,6 +153,8 @@ class TransformerStack(nn.Module):
         if self.causal and c.sliding_window is not None and s > c.sliding_window:
             mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
         is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
+        if self.pos_bias is not None and key_pos is None:
+            key_pos = cache.key_positions(b, ids.device)
         bias = self.pos_bias(positions, key_pos) if self.pos_bias is not None else None
         if cache is not None and cache.cross_attn and cache.memory_mask_ready:
             memory_mask = cache.memory_mask  # computed once per source batch, not at every step

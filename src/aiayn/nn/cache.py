@@ -212,8 +212,10 @@ class DecoderCache:
     Attributes:
         self_attn: one :class:`SelfAttnCache` per layer.
         cross_attn: one :class:`CrossAttnCache` per layer (empty list for decoder-only models).
-        key_mask: (B, length) bool, True at real (non-padding) cached positions.
-        key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases).
+        key_mask: (B, length) bool, True at real (non-padding) cached positions; None while every row's positions
+            are 0 .. length - 1 and none is padding (:meth:`extend` with ``default=True``: nothing is stored, built
+            or reordered per step then; :meth:`key_positions` makes the ids on demand).
+        key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases); None with key_mask.
         padded: whether any cached position is padding (so a key mask is needed).
         memory_mask: the cross-attention padding mask (Bm, 1, 1, S) of the memory rows, or None; valid while
             ``memory_mask_ready``.
@@ -225,6 +227,7 @@ class DecoderCache:
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
         self.key_pos: Tensor | None = None
+        self._length = 0  # cached positions; with key_pos None they are 0 .. length - 1 in every row, none padding
         self.padded = False
         self.memory_mask: Tensor | None = None
         self.memory_mask_ready = False
@@ -232,19 +235,40 @@ class DecoderCache:
     @property
     def length(self) -> int:
         """Number of cached positions."""
-        return 0 if self.key_pos is None else self.key_pos.shape[1]
+        return self._length
 
-    def extend(self, is_token: Tensor, positions: Tensor, padded: bool = False) -> tuple[Tensor, Tensor]:
-        """Record the new positions' padding flags and ids, both (B, t); return the full (B, length) ones.
+    def key_positions(self, rows: int, device: torch.device | str = "cpu") -> Tensor:
+        """(rows|B, length) long: every cached position's id (``key_pos``, or 0 .. length - 1 broadcast over the
+        rows where nothing is stored)."""
+        if self.key_pos is not None:
+            return self.key_pos
+        return torch.arange(self._length, device=device)[None].expand(rows, self._length)
 
-        ``padded`` says whether any of the new positions is padding (the caller knows without a host sync).
+    def extend(self, is_token: Tensor | None, positions: Tensor, padded: bool = False,
+               default: bool = False) -> tuple[Tensor | None, Tensor | None]:
+        """Record t new positions: their padding flags (B, t) bool (None: all real tokens) and ids (B, t); return the
+        full (B, length) flags and ids, or (None, None) while nothing needs storing.
+
+        ``padded`` says whether any of the new positions is padding (the caller knows without a host sync);
+        ``default`` that ``positions`` are length .. length + t - 1 in every row. While every extension is
+        unpadded and default, nothing is stored: a decoding step then spends no op here nor in :meth:`reorder`.
         """
+        b, t = positions.shape
         self.padded = self.padded or padded
+        if self.key_pos is None and default and not self.padded:
+            self._length += t
+            return None, None
+        if is_token is None:
+            is_token = torch.ones(b, t, dtype=torch.bool, device=positions.device)
+        if self.key_pos is None and self._length:  # the stored form from here on
+            self.key_mask = torch.ones(b, self._length, dtype=torch.bool, device=positions.device)
+            self.key_pos = self.key_positions(b, positions.device)
         if self.key_pos is None:
             self.key_mask, self.key_pos = is_token, positions
         else:
             self.key_mask = torch.cat([self.key_mask, is_token], dim=1)
             self.key_pos = torch.cat([self.key_pos, positions], dim=1)
+        self._length += t
         return self.key_mask, self.key_pos
 
     def reorder(self, index: Tensor, memory_index: Tensor | None = None, group: int = 1) -> None:
