@@ -341,3 +341,29 @@ def test_kept_choices_follow_every_change_between_blocks(monkeypatch) -> None:
         with packed.frozen_weights():
             fast(x)
     assert len(made) == len(changes) + 3
+
+
+def test_a_kept_plan_needs_no_example_input() -> None:
+    """``kept_plan`` asks for an example input only where it must choose (a decoding call's planning then makes no
+    tensor per layer); a kept choice comes back as the same function, in the same block and in a later one."""
+    from aiayn.nn import packed
+
+    fast = PackedLinear.from_linear(nn.Linear(64, 256))
+    shape, asked = torch.Size((160, 64)), []
+
+    def example() -> torch.Tensor:
+        asked.append(1)
+        return torch.randn(shape)
+
+    def refuse() -> torch.Tensor:
+        raise AssertionError("an example was made for a kept plan")
+
+    with packed.frozen_weights(), torch.inference_mode():
+        first = fast.kept_plan(shape, torch.float32, None, example)
+        assert fast.kept_plan(shape, torch.float32, None, refuse) is first
+    with packed.frozen_weights(), torch.inference_mode():
+        assert fast.kept_plan(shape, torch.float32, None, refuse) is first
+        x = torch.randn(shape)
+        torch.testing.assert_close(first(x), torch.nn.functional.linear(x, fast.weight, fast.bias), rtol=1e-5,
+                                   atol=1e-5)
+    assert asked == [1]

@@ -80,14 +80,15 @@ class _Product:
         key = (shape, dtype, activation)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self._plan(torch.empty(shape, dtype=dtype) if example is None else example,
-                                                activation)
+            make = (lambda: torch.empty(shape, dtype=dtype)) if example is None else (lambda: example)
+            plan = self.plans[key] = self._plan(shape, dtype, activation, make)
         return plan
 
-    def _plan(self, x: Tensor, activation: str | None) -> Callable[[Tensor], Tensor]:
+    def _plan(self, shape: torch.Size, dtype: torch.dtype, activation: str | None,
+              example: Callable[[], Tensor]) -> Callable[[Tensor], Tensor]:
         linear = self.linear
-        if isinstance(linear, PackedLinear):
-            return linear.frozen_plan(x, activation)
+        if isinstance(linear, PackedLinear):  # an example input only where the layer has no kept plan
+            return linear.kept_plan(shape, dtype, activation, example)
         if activation is not None:
             raise ValueError("only a PackedLinear fuses an activation into its product")
         if type(linear) is nn.Linear:

@@ -187,14 +187,15 @@ class NativeLayers:
         step.mask, step.m_sb, step.m_ss = _mask_args(key_mask)
         step.c_mask, step.cm_sb, step.cm_ss = _mask_args(memory_key_mask)
         run, x_ptr = self._step_fn, x.data_ptr()
+        data = store.claim(length + 1)  # (capacity, B_buffer, L, 2, Hkv, Dh), grown if needed; every layer's length
+        s_t, s_b, s_l, s_kv, s_h, _ = data.stride()
+        kv, layer_bytes = data.data_ptr(), data.element_size() * s_l
+        step.kv_st, step.kv_sb, step.kv_sh, step.kv_v, step.length = s_t, s_b, s_h, s_kv, length
+        rows = store.rows  # (capacity, rows) deferred reorders' buffer rows, or None
+        step.rows, step.r_ss = (None, 0) if rows is None else (rows.data_ptr(), rows.stride(0))
         for i, c_layer in enumerate(self.c_layers):
             sc = cache.self_attn[i]
-            data = store.claim(sc.length + 1)  # (capacity, B_buffer, L, 2, Hkv, Dh), grown if needed
-            s_t, s_b, s_l, s_kv, s_h, _ = data.stride()
-            step.kv = data.data_ptr() + data.element_size() * i * s_l  # this layer's keys at (0, 0)
-            step.kv_st, step.kv_sb, step.kv_sh, step.kv_v, step.length = s_t, s_b, s_h, s_kv, sc.length
-            rows = store.rows  # (capacity, rows) deferred reorders' buffer rows, or None
-            step.rows, step.r_ss = (None, 0) if rows is None else (rows.data_ptr(), rows.stride(0))
+            step.kv = kv + i * layer_bytes  # this layer's keys at (0, 0)
             if cross:
                 cc = cross[i]
                 step.ck, step.cv, step.group, step.c_len = cc.k.data_ptr(), cc.v.data_ptr(), cc.group, cc.k.shape[2]

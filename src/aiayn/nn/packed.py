@@ -205,15 +205,21 @@ class PackedLinear(nn.Linear):
         inside one), and kept for later blocks while nothing it depends on changed (:meth:`_plan_stamp`): a
         ``translate`` or ``generate`` call then chooses no product again, which cost about 0.5 ms per batch-1
         beam decode of the Multi30k size (docs/BENCHMARKS.md)."""
+        return self.kept_plan(x.shape, x.dtype, activation, lambda: x)
+
+    def kept_plan(self, shape: torch.Size, dtype: torch.dtype, activation: str | None,
+                  example: Callable[[], Tensor]) -> Callable[[Tensor], Tensor]:
+        """:meth:`frozen_plan` for inputs of ``shape`` and ``dtype``; ``example()`` gives one (a CPU tensor of that
+        shape and dtype) only where no kept plan serves."""
         epoch, plans = _frozen.epoch, self._plans
         if plans is None or plans[0] != epoch:  # a new block: keep the choices if nothing changed since
             stamp = self._plan_stamp()
             kept = plans is not None and stamp is not None and plans[1] == stamp
             plans = self._plans = (epoch, stamp, plans[2] if kept else {})
-        key = (x.shape, x.dtype, activation)
+        key = (shape, dtype, activation)
         plan = plans[2].get(key)
         if plan is None:
-            plan = plans[2][key] = self.plan(x, activation)
+            plan = plans[2][key] = self.plan(example(), activation)
         return plan
 
     def _plan_stamp(self) -> tuple | None:
@@ -227,8 +233,7 @@ class PackedLinear(nn.Linear):
         if torch.is_grad_enabled() or w.is_inference() or (b is not None and b.is_inference()):
             return None
         return (weight_state(w), w.device, None if b is None else (b.data_ptr(), b._version, b.dtype),
-                torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_inference_backend(), torch.get_num_threads(),
-                _native().library() is not None)
+                _block_settings())
 
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
         """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
@@ -266,6 +271,7 @@ class PackedLinear(nn.Linear):
 
 class _FrozenState(threading.local):
     epoch = 0  # nonzero inside frozen_weights() in this thread: the block's number
+    settings: tuple | None = None  # (epoch, _block_settings()) of the block that read them last
 
 
 _frozen = _FrozenState()
@@ -294,6 +300,19 @@ def frozen_weights() -> Iterator[None]:
     finally:
         if outer:
             _frozen.epoch = 0
+
+
+def _block_settings() -> tuple:
+    """What every layer's plans depend on besides its own weight, read once per :func:`frozen_weights` block (which
+    promises that they stay as they are within it): autocast, the fp32 backend, the thread count and whether the
+    native kernels are on. Read per layer, these cost a decoding call about a dozen environment lookups a layer."""
+    epoch, kept = _frozen.epoch, _frozen.settings
+    if kept is not None and kept[0] == epoch and epoch:
+        return kept[1]
+    settings = (torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_inference_backend(), torch.get_num_threads(),
+                _native().library() is not None)
+    _frozen.settings = (epoch, settings)
+    return settings
 
 
 def frozen_block() -> int:
