@@ -153,9 +153,9 @@ class TransformerStack(nn.Module):
         if self.causal and c.sliding_window is not None and s > c.sliding_window:
             mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
         is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
-        if self.pos_bias is not None and key_pos is None:
-            key_pos = cache.key_positions(b, ids.device)
-        bias = self.pos_bias(positions, key_pos) if self.pos_bias is not None else None
+        bias = None
+        if self.pos_bias is not None:  # a cache that stores no ids makes them here
+            bias = self.pos_bias(positions, key_pos if key_pos is not None else cache.key_positions(b, ids.device))
         if cache is not None and cache.cross_attn and cache.memory_mask_ready:
             memory_mask = cache.memory_mask  # computed once per source batch, not at every step
         else:
