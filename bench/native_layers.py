@@ -89,8 +89,8 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[Any], Any], str, Any]:
-    """(decode, what of its output to compare, unit, context manager to run it in) for one case."""
+def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[Any], Any], str, Any, torch.nn.Module]:
+    """(decode, what of its output to compare, unit, context manager to run it in, the model) for one case."""
     what, batch_text = case.split(":")
     batch = int(batch_text)
     if what in ("generate", "llama"):
@@ -106,14 +106,14 @@ def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[An
         prompts = torch.randint(5, vocab - 1, (batch, 16), generator=g).tolist()
         new = 16 if quick else 128
         return (lambda: generate(model, prompts, max_new_tokens=new, greedy=True, stop_ids=(), pad_id=0),
-                lambda out: out, "tok", torch.no_grad())
+                lambda out: out, "tok", torch.no_grad(), model)
     if what.startswith("encoder-"):  # the encoder alone: a Seq2SeqStepper made, which encodes the source
         size = translate_beam.SIZES[what.removeprefix("encoder-")]
         torch.manual_seed(0)
         model = translate_beam.aiayn_model(size)
         src = torch.randint(5, size.vocab_size - 2, (batch, 20), generator=torch.Generator().manual_seed(batch))
         return (lambda: Seq2SeqStepper(model, src, capacity=22).memory, lambda memory: memory, "sent",
-                eval_mode(model))
+                eval_mode(model), model)
     size = translate_beam.SIZES[what]
     torch.manual_seed(0)
     model, out = translate_beam.aiayn_model(size), {}
@@ -122,11 +122,11 @@ def case_runner(case: str, quick: bool) -> tuple[Callable[[], Any], Callable[[An
     def decode() -> Any:
         fn()
         return out["aiayn"]
-    return decode, lambda hyps: [sent[0].tokens for sent in hyps], "sent", out["aiayn-mask"]
+    return decode, lambda hyps: [sent[0].tokens for sent in hyps], "sent", out["aiayn-mask"], model
 
 
 def bench_case(case: str, runs: int, quick: bool) -> dict[str, Any]:
-    decode, key, unit, context = case_runner(case, quick)
+    decode, key, unit, context, _ = case_runner(case, quick)
     outputs: dict[str, Any] = {}
     try:
         with context, counting_native_steps() as counts:

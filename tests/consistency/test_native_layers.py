@@ -12,7 +12,9 @@ from aiayn.generate import LMStepper, Seq2SeqStepper, generate, native_step, tra
 from aiayn.generate.fast_step import FastEncoder
 from aiayn.generate.lm import left_pad
 from aiayn.generate.steppers import eval_mode
+from aiayn.nn.cpu_gemm import use_fp32_backend
 from aiayn.nn.layout import cpu_inference_layout
+from aiayn.nn.packed import PackedLinear, unpack_output_layers
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
 
@@ -41,9 +43,17 @@ def _model(arch: str, **kw: object) -> torch.nn.Module:
     return cpu_inference_layout(build_model(cfg).eval())
 
 
-def _skip_unless_kernel(rows: str) -> None:
-    if rows == "panel" and not native.panel_linear_preferred():
+def _skip_unless_kernel(rows: str, model: torch.nn.Module) -> None:
+    """Skip a case that needs the panel product where it does not serve (the few-row product serves everywhere)."""
+    if rows == "panel":
+        _skip_unless_panels(model)
+
+
+def _skip_unless_panels(model: torch.nn.Module) -> None:
+    if not native.panel_linear_preferred():
         pytest.skip("the panel product serves many rows only on AVX2 CPUs without AVX-512")
+    if any(isinstance(m, PackedLinear) and m.few_rows_only for m in model.modules()):
+        pytest.skip("where oneDNN is not the fp32 backend (Intel CPUs) the layers leave many rows to torch's BLAS")
 
 
 class _Counting:
@@ -102,8 +112,8 @@ def _lm_maker(model: torch.nn.Module, n: int):
 @pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
 def test_native_layers_equal_the_python_loop(arch: str, variant: str, rows: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    _skip_unless_kernel(rows)
     model, n = _model(arch, **SERVED[variant]), ROWS[rows]
+    _skip_unless_kernel(rows, model)
     make = (_seq2seq_maker if arch == "encoder-decoder" else _lm_maker)(model, n)
     want = _steps(make, False, monkeypatch, model, n)
     counting = _Counting(monkeypatch)
@@ -111,6 +121,30 @@ def test_native_layers_equal_the_python_loop(arch: str, variant: str, rows: str,
     # every step took the native layers: an encoder-decoder's first step too (a decoder-only model's prompt goes
     # through the modules)
     assert counting.built >= 1 and counting.steps == (5 if arch == "encoder-decoder" else 4)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["paper", "llama"])
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_native_layers_serve_where_onednn_is_not_the_backend(arch: str, variant: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch's BLAS is the fp32 backend (Intel CPUs), the inference layout makes every linear layer a
+    PackedLinear for a decoding step's few rows alone: the steps take the native layers, and give what the plain
+    ``nn.Linear`` layers of that host's earlier layout give."""
+    with use_fp32_backend("torch"):
+        model, n = _model(arch, **SERVED[variant]), ROWS["few_rows"]
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert all(type(m) is PackedLinear for m in linears)
+        assert all(m.few_rows_only for m in linears)  # the output layer too: under 256 wide, not oneDNN-packed
+        make = (_seq2seq_maker if arch == "encoder-decoder" else _lm_maker)(model, n)
+        counting = _Counting(monkeypatch)
+        got = _steps(make, True, monkeypatch, model, n)
+        assert counting.built >= 1 and counting.steps == (5 if arch == "encoder-decoder" else 4)
+        unpack_output_layers(model, few_rows_only=True)
+        assert sum(type(m) is torch.nn.Linear for m in model.modules()) == len(linears)
+        want = _steps(make, True, monkeypatch, model, n)
+    assert counting.steps == (5 if arch == "encoder-decoder" else 4)  # none more: plain layers, the Python loop
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
 
@@ -143,9 +177,9 @@ def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytes
 @pytest.mark.parametrize("variant", ["paper", "pre_gelu_learned", "gqa_no_positions", "deepnorm"])
 def test_native_encoder_equals_the_modules(variant: str, rows: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An encoder's pass as native calls, with padded sentences (the key mask) of 1 or 8 x 3 sentences."""
-    _skip_unless_kernel(rows)
     model = _model("encoder-decoder", **SERVED[variant])
-    n = BEAMS * ROWS[rows]  # as many sentences as the decoding tests have rows, so both products serve
+    _skip_unless_panels(model)  # 7 tokens a sentence: more rows than the few-row product takes, at either size
+    n = BEAMS * ROWS[rows]  # as many sentences as the decoding tests have rows
     src = torch.randint(3, 61, (n, 7), generator=torch.Generator().manual_seed(4))
     src[0, 5:] = 0
     monkeypatch.setenv(native_step.ENV_VAR, "1")

@@ -174,7 +174,12 @@ def test_narrow_output_layers_are_left_alone_by_default() -> None:
     from aiayn.nn.packed import MIN_PACKED_IN_FEATURES
 
     narrow = real_layout(_model("decoder"))
-    assert narrow.lm_head.proj.in_features < MIN_PACKED_IN_FEATURES and type(narrow.lm_head.proj) is nn.Linear
+    proj = narrow.lm_head.proj
+    assert proj.in_features < MIN_PACKED_IN_FEATURES
+    # never given a packed copy: a plain nn.Linear, or (with the native kernels) one for a decoding step's few rows
+    assert type(proj) is nn.Linear or (type(proj) is PackedLinear and proj.few_rows_only)
+    proj(torch.randn(8, proj.in_features))
+    assert getattr(proj, "_packed", None) is None
     wide = real_layout(build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=300, d_model=256)))
     assert type(wide.lm_head.proj) is PackedLinear
 
@@ -367,3 +372,30 @@ def test_a_kept_plan_needs_no_example_input() -> None:
         torch.testing.assert_close(first(x), torch.nn.functional.linear(x, fast.weight, fast.bias), rtol=1e-5,
                                    atol=1e-5)
     assert asked == [1]
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_few_rows_only_layers_take_the_native_kernel_at_few_rows_and_blas_above(activation, monkeypatch) -> None:
+    """Where torch's BLAS is the fp32 backend (this module's fixture), the decoding layout's layers use aiayn's
+    few-row kernel up to native.MAX_LINEAR_ROWS rows and F.linear above, never a packed copy or the panel product
+    (even where the panel product is preferred), and keep that through copies."""
+    from aiayn.nn.layout import cpu_inference_layout as real_layout
+
+    monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)
+    layer = real_layout(nn.Sequential(nn.Linear(64, 96)))[0]
+    assert type(layer) is PackedLinear and layer.few_rows_only and is_column_major(layer.weight)
+    calls = []
+    for name in ("rows_linear_plan", "panel_linear_plan"):
+        real = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    act = {None: lambda y: y, "relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation]
+    with torch.no_grad():
+        for rows in (1, native.MAX_LINEAR_ROWS, native.MAX_LINEAR_ROWS + 1, 40):
+            x = torch.randn(rows, 64)
+            want = act(torch.nn.functional.linear(x, layer.weight, layer.bias))
+            torch.testing.assert_close(layer(x, activation), want, atol=1e-5, rtol=1e-5)
+            assert calls == (["rows_linear_plan"] if rows <= native.MAX_LINEAR_ROWS else []), rows
+            calls.clear()
+    assert layer._packed is None and layer._panels is None
+    assert copy.deepcopy(layer).few_rows_only

@@ -55,12 +55,14 @@ def cpu_inference_layout(model: nn.Module) -> nn.Module:
     Every linear weight column-major (:func:`column_major_linears`), every output layer prepacked for oneDNN
     (:func:`aiayn.nn.packed.pack_output_layers`) and, in a bf16 model or where oneDNN is the fp32 backend
     (:mod:`aiayn.nn.cpu_gemm`), every linear layer prepacked (:func:`aiayn.nn.packed.pack_bf16_linears`,
-    :func:`aiayn.nn.packed.use_fast_cpu_linears`). Values, parameters, ties and ``state_dict`` are unchanged.
+    :func:`aiayn.nn.packed.use_fast_cpu_linears`); elsewhere (Intel CPUs), wherever the native kernels are built,
+    every other fp32 linear layer made a PackedLinear for a decoding step's few rows alone. Values, parameters, ties
+    and ``state_dict`` are unchanged.
     """
     from aiayn.nn.packed import pack_bf16_linears, pack_output_layers, use_fast_cpu_linears
 
     with outside_inference_mode(model):
-        return pack_bf16_linears(pack_output_layers(use_fast_cpu_linears(column_major_linears(model))))
+        return use_fast_cpu_linears(pack_bf16_linears(pack_output_layers(column_major_linears(model))), decoding=True)
 
 
 def outside_inference_mode(model: nn.Module) -> contextlib.AbstractContextManager:

@@ -140,12 +140,18 @@ class PackedLinear(nn.Linear):
     _panels_key: tuple[int, int, torch.dtype, int] | None
     # (frozen_weights block, what the plans depend on (see _plan_stamp), {(shape, dtype, activation): product})
     _plans: tuple[int, tuple | None, dict] | None = None
+    #: made for a decoding step's few rows alone (:func:`use_fast_cpu_linears` with ``decoding`` where oneDNN is not
+    #: the fp32 backend): the native few-row kernel up to ``native.MAX_LINEAR_ROWS`` rows, else as ``nn.Linear``
+    few_rows_only = False
     _COPIES = ("packed", "halves", "panels")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
-        """A ``PackedLinear`` sharing ``linear``'s parameters (same ``Parameter`` objects, so ties survive)."""
+    def from_linear(cls, linear: nn.Linear, few_rows_only: bool = False) -> PackedLinear:
+        """A ``PackedLinear`` sharing ``linear``'s parameters (same ``Parameter`` objects, so ties survive);
+        ``few_rows_only``: see the attribute."""
         new = _sharing_parameters(cls, linear)
+        if few_rows_only:
+            new.few_rows_only = True
         for name in cls._COPIES:
             setattr(new, f"_{name}", None)
             setattr(new, f"_{name}_key", None)
@@ -245,12 +251,15 @@ class PackedLinear(nn.Linear):
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 and not torch.is_autocast_enabled("cpu")):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
-        if w.dtype == torch.float32 and _native_panels(x, w):  # many rows on an AVX2 CPU: a panel-packed copy
+        # many rows on an AVX2 CPU: a panel-packed copy
+        if w.dtype == torch.float32 and not self.few_rows_only and _native_panels(x, w):
             native = _native()
             panels = self._derived("panels", lambda w: native.pack_panels(w.detach()))
             return native.panel_linear_plan(w, _detached(b), activation, packed=panels)
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
             return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
+        if self.few_rows_only:  # as nn.Linear (torch's BLAS), without cpu_gemm.linear's per-call checks
+            return lambda x: _activate(F.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_inference_backend() == "onednn":  # every fp32 layer, by size
             macs, one_row = x.numel() * w.shape[0], x.numel() == x.shape[-1]
             if macs < (MIN_ONEDNN_MACS if one_row else MIN_ONEDNN_MACS_FEW_ROWS):  # a small product: BLAS
@@ -415,35 +424,43 @@ def pack_bf16_linears(model: nn.Module) -> nn.Module:
     return model
 
 
-def use_fast_cpu_linears(model: nn.Module) -> nn.Module:
+def use_fast_cpu_linears(model: nn.Module, decoding: bool = False) -> nn.Module:
     """Where oneDNN is the fp32 CPU inference backend (:func:`aiayn.nn.cpu_gemm.fp32_inference_backend`, which says
-    oneDNN wherever the training backend does), make every ``nn.Linear`` of ``model`` a :class:`PackedLinear`, in
-    place; returns ``model``.
+    oneDNN wherever the training backend does), and, with ``decoding``, wherever the native kernels are built and on
+    (:mod:`aiayn.native`: any x86-64 CPU with AVX2, Intel's too), make every ``nn.Linear`` of ``model`` a
+    :class:`PackedLinear`, in place; returns ``model``.
 
     Training then runs each layer's three products through :func:`aiayn.nn.cpu_gemm.linear` (oneDNN where it is
     the training backend, else ``F.linear``), and inference through a prepacked weight from ``MIN_ONEDNN_MACS``
     multiply-adds per call up and aiayn's native few-row kernel at a decoding step's rows. Elsewhere (Intel CPUs,
-    builds without oneDNN) a no-op. Idempotent; parameters, ties and ``state_dict`` are unchanged, and the layers
-    still work on any device and dtype (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it.
+    builds without oneDNN) a no-op, unless ``decoding``: then every fp32 ``nn.Linear`` becomes a ``few_rows_only``
+    PackedLinear, so that a decoding step's few-row products take the native kernel (and
+    :mod:`aiayn.generate.native_step` its layers) while larger ones stay with ``F.linear`` as before.
+    Idempotent; parameters, ties and ``state_dict`` are unchanged, and the layers still work on any device and dtype
+    (they fall back to ``F.linear``). :func:`aiayn.build_model` calls it, and
+    :func:`aiayn.nn.layout.cpu_inference_layout` with ``decoding``.
     """
-    if cpu_gemm.fp32_inference_backend() != "onednn":
+    everywhere = cpu_gemm.fp32_inference_backend() == "onednn"
+    if not everywhere and not (decoding and _native().library() is not None):
         return model
     for module in model.modules():
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear.from_linear(child))
+            if type(child) is nn.Linear and (everywhere or child.weight.dtype == torch.float32):
+                setattr(module, name, PackedLinear.from_linear(child, few_rows_only=not everywhere))
     return model
 
 
-def unpack_output_layers(model: nn.Module) -> nn.Module:
-    """Undo :func:`pack_output_layers` and :func:`pack_bf16_linears` in place (plain ``nn.Linear`` with the same
-    parameters); returns ``model``.
+def unpack_output_layers(model: nn.Module, few_rows_only: bool = False) -> nn.Module:
+    """Undo :func:`pack_output_layers`, :func:`pack_bf16_linears` and :func:`use_fast_cpu_linears` in place (plain
+    ``nn.Linear`` with the same parameters); returns ``model``.
 
-    For transformations that match modules by exact type, such as int8 dynamic quantization.
+    For transformations that match modules by exact type, such as int8 dynamic quantization. With
+    ``few_rows_only``, only the layers made for a decoding step's few rows (``PackedLinear.few_rows_only``): the
+    layout a host where oneDNN is not the fp32 backend had before those (benchmarks and tests compare the two).
     """
     for module in model.modules():
         for name, child in list(module.named_children()):
-            if type(child) is PackedLinear:
+            if type(child) is PackedLinear and (child.few_rows_only or not few_rows_only):
                 setattr(module, name, _sharing_parameters(nn.Linear, child))
     return model
 
