@@ -395,7 +395,7 @@ DEFAULT_BATCHES = (1, 32)
 
 
 def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, ...] = DEFAULT_BATCHES,
-                    src_len: int = 20, out_len: int = 20, rounds: int = 3, runs: int = 2, warmup: int = 1,
+                    src_len: int = 20, out_len: int = 20, rounds: int = 2, runs: int = 3, warmup: int = 1,
                     threads: int = benchlib.THREADS, bf16: bool = True) -> dict[str, Any]:
     """The whole benchmark over sizes x batch sizes (the bf16 contenders only when ``bf16``). Each contender runs in
     its library's subprocess (:func:`contender_groups`), ``rounds`` times in turn (aiayn, its int8 and bf16 and
@@ -447,9 +447,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """CLI entry point: run, print the table, write ``bench/results/translate_beam.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p, runs=None)  # --quick: multi30k size only, 2 rounds
-    p.add_argument("--runs", type=int, default=None, help="timed decodes per turn after a warm-up (default 2)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="timed decodes per turn after a warm-up (default 3; 2 with --quick)")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
-    p.add_argument("--rounds", type=int, default=None, help="turns of every contender's subprocess (default 3)")
+    p.add_argument("--rounds", type=int, default=None, help="turns of every contender's subprocess (default 2)")
     p.add_argument("--batches", nargs="+", type=int, default=None,
                    help="sentences per decode (default 1 and 32); other batch sizes or --threads write "
                         "translate_beam-batch<N>[-<N>...]-threads<T>.json")
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     t0 = time.perf_counter()
     names = args.sizes or (["multi30k"] if args.quick else list(SIZES))
     payload = bench_translate([SIZES[n] for n in names], batches=batches,
-                              rounds=args.rounds or (2 if args.quick else 3), runs=args.runs or 2,
+                              rounds=args.rounds or 2, runs=args.runs or (2 if args.quick else 3),
                               threads=args.threads, bf16=benchlib.wants_bf16(args.bf16))
     payload["wall_s"] = time.perf_counter() - t0
     print(f"beam-4 translation (alpha 0.6), each library in its own process; median of {payload['rounds']} rounds "
