@@ -10,6 +10,7 @@ steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup o
 target tokens/s; ``same_output`` then compares the step losses to 4 significant digits. ``train-bf16:SETUP``
 does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``). A ``generate:BATCH`` case times greedy
 generation of ``generate_lm.py``'s GPT-2-like model (16-token prompts, 128 new tokens, no stop id) in tokens/s.
+An ``int8-SIZE:BATCH`` case decodes the int8 copy of that model (``aiayn.nn.quantize.quantize_int8``) instead.
 ``--base-env`` / ``--head-env NAME=VALUE ...`` set environment variables for one side's runs, so one revision can be
 timed against itself under two settings (e.g. ``AIAYN_FP32_CPU_GEMM=torch`` against ``onednn``).
 
@@ -47,8 +48,10 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ["multi30k:1", "multi30k:32", "paper-base:32"]
 
 
-def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_len: int = 20) -> dict[str, Any]:
-    """Time ``runs`` beam-4 decodes (after one warm-up) with the ``aiayn`` this process imports.
+def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_len: int = 20,
+              int8: bool = False) -> dict[str, Any]:
+    """Time ``runs`` beam-4 decodes (after one warm-up) with the ``aiayn`` this process imports (of the model's int8
+    copy with ``int8``).
 
     Returns ``{"times": [s, ...], "digest": sha256 of the hypotheses' tokens}``.
     """
@@ -56,6 +59,10 @@ def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_l
 
     torch.manual_seed(0)
     model = aiayn_model(size)
+    if int8:
+        from aiayn.nn.quantize import quantize_int8
+
+        model = quantize_int8(model)
     g = torch.Generator().manual_seed(batch)
     src = torch.randint(5, size.vocab_size - 2, (batch, src_len), generator=g)  # no special ids
     mask = EosMask(model.lm_head, EOS, out_len)
@@ -116,9 +123,10 @@ def time_generate_case(batch: int, runs: int, size: generate_lm.LMSize | None = 
             "digest": hashlib.sha256(json.dumps(out).encode()).hexdigest()[:16]}
 
 
-def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str | int:
-    """``"multi30k:32"`` -> (the size, batch 32); ``"train:SETUP"`` or ``"train-bf16:SETUP"`` -> the training
-    setup's name; ``"generate:16"`` -> 16 (the batch of greedy generation)."""
+def parse_case(case: str) -> tuple[Seq2SeqSize, int, bool] | str | int:
+    """``"multi30k:32"`` -> (the size, batch 32, False), ``"int8-multi30k:32"`` -> (..., True); ``"train:SETUP"``
+    or ``"train-bf16:SETUP"`` -> the training setup's name; ``"generate:16"`` -> 16 (the batch of greedy
+    generation)."""
     name, _, arg = case.partition(":")
     if name == "generate":
         if not arg.isdigit() or int(arg) < 1:
@@ -128,10 +136,11 @@ def parse_case(case: str) -> tuple[Seq2SeqSize, int] | str | int:
         if arg not in train_throughput.SETUPS:
             raise SystemExit(f"--cases: {case!r}: {name}:SETUP needs SETUP one of {sorted(train_throughput.SETUPS)}")
         return arg
-    if name not in SIZES or not arg.isdigit():
-        raise SystemExit(f"--cases: {case!r} is not SIZE:BATCH with SIZE one of {sorted(SIZES)}, train:SETUP "
-                         "or generate:BATCH")
-    return SIZES[name], int(arg)
+    size = name.removeprefix("int8-")
+    if size not in SIZES or not arg.isdigit():
+        raise SystemExit(f"--cases: {case!r} is not [int8-]SIZE:BATCH with SIZE one of {sorted(SIZES)}, "
+                         "train:SETUP or generate:BATCH")
+    return SIZES[size], int(arg), name.startswith("int8-")
 
 
 def run_case(case: str, runs: int) -> dict[str, Any]:
@@ -141,7 +150,7 @@ def run_case(case: str, runs: int) -> dict[str, Any]:
         return time_generate_case(parsed, runs)
     if isinstance(parsed, str):
         return time_train_case(parsed, runs, dtype="bfloat16" if case.startswith("train-bf16:") else "float32")
-    return {**time_case(*parsed, runs=runs), "units": parsed[1]}
+    return {**time_case(parsed[0], parsed[1], runs=runs, int8=parsed[2]), "units": parsed[1]}
 
 
 def checkout(rev: str, tmp: Path) -> Path:

@@ -15,6 +15,7 @@ from aiayn.generate.steppers import eval_mode
 from aiayn.nn.cpu_gemm import use_fp32_backend
 from aiayn.nn.layout import cpu_inference_layout
 from aiayn.nn.packed import PackedLinear, unpack_output_layers
+from aiayn.nn.quantize import quantize_int8
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
 
@@ -114,15 +115,21 @@ def test_native_layers_equal_the_python_loop(arch: str, variant: str, rows: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     model, n = _model(arch, **SERVED[variant]), ROWS[rows]
     _skip_unless_kernel(rows, model)
+    _native_equal_to_the_loop(arch, model, n, monkeypatch)
+
+
+def _native_equal_to_the_loop(arch: str, model: torch.nn.Module, n: int,
+                              monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The steps' logits with the native layers, after checking that every step took them (an encoder-decoder's
+    first step too; a decoder-only model's prompt goes through the modules) and that they equal the Python loop's."""
     make = (_seq2seq_maker if arch == "encoder-decoder" else _lm_maker)(model, n)
     want = _steps(make, False, monkeypatch, model, n)
     counting = _Counting(monkeypatch)
     got = _steps(make, True, monkeypatch, model, n)
-    # every step took the native layers: an encoder-decoder's first step too (a decoder-only model's prompt goes
-    # through the modules)
     assert counting.built >= 1 and counting.steps == (5 if arch == "encoder-decoder" else 4)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+    return got
 
 
 @pytest.mark.parametrize("variant", ["paper", "llama"])
@@ -149,6 +156,18 @@ def test_native_layers_serve_where_onednn_is_not_the_backend(arch: str, variant:
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("variant", ["paper", "pre_gelu_learned", "llama"])
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_int8_models_take_the_native_layers_too(arch: str, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 copy's layers (Int8Linear: the weight-only native kernel at a step's few rows) run as native calls,
+    equal to the same int8 layers' Python loop, and close to the fp32 model."""
+    fp32, n = _model(arch, **SERVED[variant]), ROWS["few_rows"]
+    got = _native_equal_to_the_loop(arch, quantize_int8(fp32), n, monkeypatch)
+    full = _steps((_seq2seq_maker if arch == "encoder-decoder" else _lm_maker)(fp32, n), True, monkeypatch, fp32, n)
+    for g, f in zip(got, full):
+        assert ((g - f).norm() / f.norm()).item() < 0.05
+
+
 @pytest.mark.parametrize("variant", list(NOT_SERVED))
 def test_variants_without_a_native_form_keep_the_python_loop(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, n = _model("decoder", **NOT_SERVED[variant]), ROWS["few_rows"]
@@ -160,13 +179,16 @@ def test_variants_without_a_native_form_keep_the_python_loop(variant: str, monke
 def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole beam searches (sentences finish and leave the batch) and greedy generations, at few rows and many."""
     s2s, lm = _model("encoder-decoder"), _model("decoder", norm_position="pre", activation="gelu")
+    s2s_int8, lm_int8 = quantize_int8(s2s), quantize_int8(lm)  # int8 copies too (a batch-1 step's rows only)
     src = torch.randint(3, 61, (9, 9), generator=torch.Generator().manual_seed(3))
     src[2, 4:] = 0
     tokens, scores = {}, {}
     for flag in ("0", "1"):
         monkeypatch.setenv(native_step.ENV_VAR, flag)
         hyps = [translate(s2s, s, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2) for s in (src[:1], src)]
+        hyps.append(translate(s2s_int8, src[:1], beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2))
         gen = generate(lm, [[5, 6, 7], [8]] * 4, max_new_tokens=6, stop_ids=(), greedy=True)
+        gen += generate(lm_int8, [[5, 6, 7]], max_new_tokens=6, stop_ids=(), greedy=True)
         tokens[flag] = ([[[h.tokens for h in sent] for sent in batch] for batch in hyps], gen)
         scores[flag] = torch.tensor([h.score for batch in hyps for sent in batch for h in sent])
     assert tokens["0"] == tokens["1"]

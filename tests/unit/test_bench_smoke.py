@@ -173,7 +173,10 @@ def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None
     a = ab_revisions.time_case(size, batch=2, runs=2, src_len=5, out_len=4)
     assert len(a["times"]) == 2 and all(t > 0 for t in a["times"])
     assert a["digest"] == ab_revisions.time_case(size, batch=2, runs=1, src_len=5, out_len=4)["digest"]
-    assert ab_revisions.parse_case("multi30k:32") == (translate_beam.SIZES["multi30k"], 32)
+    assert ab_revisions.parse_case("multi30k:32") == (translate_beam.SIZES["multi30k"], 32, False)
+    assert ab_revisions.parse_case("int8-paper-base:1") == (translate_beam.SIZES["paper-base"], 1, True)
+    int8 = ab_revisions.time_case(size, batch=2, runs=1, src_len=5, out_len=4, int8=True)
+    assert len(int8["times"]) == 1 and int8["digest"]
     with pytest.raises(SystemExit, match="SIZE:BATCH"):
         ab_revisions.parse_case("multi30k")
     assert ab_revisions.checkout("WORKTREE", Path("/nonexistent")) == ab_revisions.REPO / "src"

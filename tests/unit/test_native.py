@@ -3,8 +3,10 @@ allow against eager ones, and beam search with and without them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -200,6 +202,46 @@ def test_int8_screen_equals_reference(m: int, d: int, v: int) -> None:
         native.int8_screen(torch.randn(2, d + 1), q, scales)  # another width
     with pytest.raises(ValueError, match="do not fit"):
         native.int8_screen(x, q, scales.double())
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch (and so the native kernels) at ``n`` threads inside."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_native
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("m,k,n", [(1, 256, 768), (4, 37, 5), (3, 512, 2049), (2, 8, 1), (6, 64, 33), (4, 1000, 7)])
+def test_int8_rows_linear_equals_reference(m: int, k: int, n: int, activation: str | None) -> None:
+    """Any row count (blocks of 4), widths that are not whole vectors, an odd last output, both thread counts."""
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k + 3, generator=g)[:, 3:]  # rows with a stride of their own
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    q[0] = 127  # a same-sign row: the largest sum
+    scales, bias = torch.rand(n, generator=g) / k, torch.randn(n, generator=g)
+    for b in (bias, None):
+        want = native.int8_rows_linear_reference(x.double(), q, scales.double(), None if b is None else b.double(),
+                                                 activation)
+        for threads in (1, 2):
+            with _threads(threads):
+                got = native.int8_rows_linear(x, q, scales, b, activation)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    plan = native.int8_rows_linear_plan(q, scales, bias, activation)
+    assert plan(x[None]).shape == (1, m, n)  # leading dimensions kept
+    assert plan.native_product.kind == native.INT8_ROWS_KIND and plan.native_product.scales == scales.data_ptr()
+    if n > 1:
+        with pytest.raises(ValueError, match="contiguous rows"):
+            native.int8_rows_linear(x, q.t().contiguous().t(), scales, bias)  # column-major
+    with pytest.raises(ValueError, match="int8"):
+        native.int8_rows_linear(x, q.float(), scales, bias)
+    with pytest.raises(ValueError, match=r"x \(\.\.\., "):
+        native.int8_rows_linear(x[:, 1:], q, scales, bias)  # the wrong width
 
 
 @needs_native

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
-from aiayn import AiaynError, ModelConfig, build_model
+from aiayn import AiaynError, ModelConfig, build_model, native
 from aiayn.generate import generate, translate
-from aiayn.nn.quantize import quantize_int8
+from aiayn.nn.quantize import Int8Linear, _DynamicLinear, quantize_int8
 
 
 def _model(arch: str, **kw: object) -> nn.Module:
@@ -72,3 +74,40 @@ def test_int8_off_the_cpu_is_a_clear_error() -> None:
         model = build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=50))
     with pytest.raises(AiaynError, match="CPU only"):
         quantize_int8(model)
+
+
+def _int8_layer() -> Int8Linear:
+    torch.manual_seed(0)
+    layer = quantize_int8(nn.Sequential(nn.Linear(96, 40)))[0]
+    assert type(layer) is Int8Linear
+    return layer
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+def test_a_steps_few_rows_take_the_weight_only_kernel_and_more_rows_torchs(monkeypatch) -> None:
+    """Up to native.MAX_LINEAR_ROWS fp32 rows: the int8 weight times the unrounded rows (so each row's result is
+    its own, alone or beside others); more rows, or the native kernels off: torch's dynamic int8 kernel as before."""
+    layer, g = _int8_layer(), torch.Generator().manual_seed(1)
+    w, b = layer.weight().dequantize(), layer.bias()
+    with torch.no_grad():
+        x = torch.randn(native.MAX_LINEAR_ROWS, 96, generator=g)
+        got = layer(x)
+        torch.testing.assert_close(got, nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert torch.equal(layer(x[1:2]), got[1:2])  # a row alone == the same row among others
+        assert not torch.equal(_DynamicLinear.forward(layer, x)[1:2], _DynamicLinear.forward(layer, x[1:2]))
+        many = torch.randn(native.MAX_LINEAR_ROWS + 1, 96, generator=g)
+        assert torch.equal(layer(many), _DynamicLinear.forward(layer, many))
+        monkeypatch.setenv(native.ENV_VAR, "0")
+        assert torch.equal(layer(x), _DynamicLinear.forward(layer, x))
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+def test_the_few_row_path_follows_a_replaced_weight_and_survives_copies() -> None:
+    layer, x = _int8_layer(), torch.randn(2, 96)
+    with torch.no_grad():
+        layer(x)  # the int8 rows read and kept
+        new_w = torch.quantize_per_tensor(torch.randn(40, 96) / 10, 0.002, 0, torch.qint8)
+        layer.set_weight_bias(new_w, None)
+        torch.testing.assert_close(layer(x), nn.functional.linear(x, new_w.dequantize()), rtol=1e-5, atol=1e-5)
+        twin = copy.deepcopy(layer)
+        assert type(twin) is Int8Linear and torch.equal(twin(x), layer(x))

@@ -46,8 +46,9 @@ from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import Residual, TransformerLayer
-from aiayn.nn.packed import PackedLinear, frozen_block
+from aiayn.nn.packed import ACTIVATION_FNS, PackedLinear, frozen_block
 from aiayn.nn.positions import apply_rotary
+from aiayn.nn.quantize import Int8Linear
 
 ENV_VAR = "AIAYN_FAST_DECODE_STEP"  # "0" keeps every decoding step on the modules
 
@@ -89,8 +90,15 @@ class _Product:
         linear = self.linear
         if isinstance(linear, PackedLinear):  # an example input only where the layer has no kept plan
             return linear.kept_plan(shape, dtype, activation, example)
+        if isinstance(linear, Int8Linear):  # a step's few rows: the native weight-only kernel, activation fused
+            plan = linear.rows_plan(shape, dtype, activation)
+            if plan is not None:
+                return plan
+            if activation is not None:
+                act = ACTIVATION_FNS[activation]
+                return lambda x: act(linear(x))
         if activation is not None:
-            raise ValueError("only a PackedLinear fuses an activation into its product")
+            raise ValueError("only a PackedLinear or an Int8Linear fuses an activation into its product")
         if type(linear) is nn.Linear:
             w, b = linear.weight, linear.bias
             return lambda x: F.linear(x, w, b)

@@ -34,6 +34,7 @@ from aiayn import native
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.norms import RMSNorm
 from aiayn.nn.packed import FUSED_ACTIVATIONS, PackedLinear
+from aiayn.nn.quantize import Int8Linear
 
 if TYPE_CHECKING:
     from aiayn.generate.fast_step import _Layer, _Product, _Wiring
@@ -44,7 +45,8 @@ _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 
 class _CProduct(ctypes.Structure):
-    _fields_ = [("kind", _I), ("w", _P), ("w_sk", _I), ("bias", _P), ("n", _I), ("k", _I), ("act", _I)]
+    _fields_ = [("kind", _I), ("w", _P), ("w_sk", _I), ("bias", _P), ("n", _I), ("k", _I), ("act", _I),
+                ("scales", _P)]
 
 
 class _CWiring(ctypes.Structure):
@@ -127,8 +129,9 @@ class NativeLayers:
             gated = GATED.get(lay.ffn.activation, 0) if lay.ffn.gated else 0
             if lay.self_backend == "reference" or (lay.ffn.gated and not gated):
                 return None
-            # without a gate the activation is fused into w_in's product, which only a PackedLinear does
-            if not gated and not (lay.ffn.activation in FUSED_ACTIVATIONS and isinstance(lay.ffn.w_in, PackedLinear)):
+            # without a gate the activation is fused into w_in's product, which a PackedLinear or an Int8Linear does
+            if not gated and not (lay.ffn.activation in FUSED_ACTIVATIONS
+                                  and isinstance(lay.ffn.w_in, (PackedLinear, Int8Linear))):
                 return None
             if lay.cross and lay.cross_backend == "reference":
                 return None

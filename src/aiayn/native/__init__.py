@@ -66,6 +66,7 @@ _SIGNATURES = {
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
     "aiayn_dropout": [_P, _P, _I, ctypes.c_uint64, _I, _F, _I],
     "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
+    "aiayn_int8_rows_linear": [_P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I],
     "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
     "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _I],
     "aiayn_decoder_layer_step": [_P, _P, _P],
@@ -261,14 +262,15 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
 # ---------------------------------------------------------------------------------------------------- linear
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # what rows_linear applies to its result, by name: the kernel's code
-PANEL_KIND, ROWS_KIND = 1, 2  # NativeProduct.kind: panel_linear's kernel, rows_linear's
+PANEL_KIND, ROWS_KIND, INT8_ROWS_KIND = 1, 2, 3  # NativeProduct.kind: panel_linear's, rows_linear's, int8_rows_linear's
 
 
 class NativeProduct(NamedTuple):
     """A planned product as native code calls it (``decoder_layer.c``'s ``aiayn_product``): ``kind`` PANEL_KIND (``w``
     the address of :func:`pack_panels`' copy) or ROWS_KIND (``w`` that of the (K, N) transposed weight, row stride
-    ``w_sk``), ``bias`` an address or 0, (``n``, ``k``) the weight's shape, ``act`` an ACTIVATIONS code. The plan
-    function that carries it (``plan.native_product``) holds the tensors behind the addresses."""
+    ``w_sk``) or INT8_ROWS_KIND (``w`` that of the (N, K) int8 weight, row stride ``w_sk``, and ``scales`` that of
+    its (N,) scales), ``bias`` an address or 0, (``n``, ``k``) the weight's shape, ``act`` an ACTIVATIONS code. The
+    plan function that carries it (``plan.native_product``) holds the tensors behind the addresses."""
 
     kind: int
     w: int
@@ -277,6 +279,7 @@ class NativeProduct(NamedTuple):
     n: int
     k: int
     act: int
+    scales: int = 0
 
 
 def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
@@ -337,6 +340,68 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
 
     run.held = held  # type: ignore[attr-defined]
     run.native_product = NativeProduct(ROWS_KIND, w_ptr, w_sk, b_ptr, N, K, act)  # type: ignore[attr-defined]
+    return run
+
+
+# ----------------------------------------------------------------------------------------------- int8 rows linear
+
+def int8_rows_linear_reference(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None,
+                               activation: str | None = None) -> Tensor:
+    """A linear layer whose weight is int8 with a scale per output, on fp32 inputs (weight-only quantization):
+    ``activation(x (q * scales[:, None])^T + bias)``; what :func:`int8_rows_linear` computes.
+
+    Args:
+        x: (..., K) float32.
+        q: (N, K) int8.
+        scales: (N,) float32, one per output.
+        bias: (N,) or None.
+        activation: None, "relu" or "gelu" (exact, erf-based, as ``F.gelu``).
+    Returns:
+        (..., N) float32.
+    """
+    y = torch.nn.functional.linear(x, q.to(x.dtype), None) * scales
+    y = y if bias is None else y + bias
+    return {None: y, "relu": y.relu(), "gelu": torch.nn.functional.gelu(y)}[activation]
+
+
+def int8_rows_linear(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None,
+                     activation: str | None = None) -> Tensor:
+    """:func:`int8_rows_linear_reference` by the native kernel, for a decoding step's few rows (the int8 weight, a
+    quarter of an fp32 weight's bytes, is read once; x stays fp32); the same as
+    ``int8_rows_linear_plan(q, scales, bias, activation)(x)``."""
+    return int8_rows_linear_plan(q, scales, bias, activation)(x)
+
+
+def int8_rows_linear_plan(q: Tensor, scales: Tensor, bias: Tensor | None = None,
+                          activation: str | None = None) -> Callable[[Tensor], Tensor]:
+    """:func:`int8_rows_linear` for a fixed weight, as a function x (..., K) -> (..., N) with the weight's arguments
+    bound once (as :func:`rows_linear_plan`), carrying its ``native_product`` (INT8_ROWS_KIND) for the native
+    decoder layers.
+
+    ``q`` (N, K) int8 with contiguous rows, ``scales`` (N,) fp32 contiguous, ``bias`` (N,) fp32 contiguous or None;
+    the function holds them. Call only where :func:`library` is not None. Each weight value widens to fp32 exactly
+    and the sums are fp32, so the result equals the reference up to float rounding.
+    """
+    N, K = q.shape
+    if (q.dtype != torch.int8 or q.stride(1) != 1 or scales.shape != (N,) or scales.dtype != torch.float32
+            or scales.stride(0) != 1
+            or (bias is not None and (bias.shape != (N,) or bias.stride(0) != 1 or bias.dtype != torch.float32))):
+        raise ValueError(f"int8_rows_linear: q ({N}, {K}) int8 with contiguous rows, scales ({N},) and bias ({N},) "
+                         f"contiguous fp32 needed; got q {q.dtype} strides {q.stride()}, scales "
+                         f"{tuple(scales.shape)} {scales.dtype}, bias {None if bias is None else tuple(bias.shape)}")
+    kernel, act = library().aiayn_int8_rows_linear, ACTIVATIONS[activation]
+    q_ptr, q_sn, s_ptr, b_ptr = q.data_ptr(), q.stride(0), scales.data_ptr(), 0 if bias is None else bias.data_ptr()
+    held = (q, scales, bias)  # kept alive with the pointers above
+
+    def run(x: Tensor) -> Tensor:
+        x2 = _matrix_rows(x, K, "int8_rows_linear")
+        y = x2.new_empty(x2.shape[0], N)
+        kernel(x2.data_ptr(), x2.stride(0), x2.shape[0], K, q_ptr, q_sn, s_ptr, N, b_ptr, y.data_ptr(), N, act,
+               torch.get_num_threads())
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+
+    run.held = held  # type: ignore[attr-defined]
+    run.native_product = NativeProduct(INT8_ROWS_KIND, q_ptr, q_sn, b_ptr, N, K, act, s_ptr)  # type: ignore[attr-defined]
     return run
 
 

@@ -16,13 +16,15 @@
 #include "kernels.h"
 
 /* A linear layer's product as its plan chose it. kind 1: aiayn_panel_linear, w packed by aiayn_pack_panels;
- * kind 2: aiayn_rows_linear, w = W^T (k, n) with row stride w_sk. act: 0 none, 1 ReLU, 2 GELU (kernels.c). */
+ * kind 2: aiayn_rows_linear, w = W^T (k, n) with row stride w_sk; kind 3: aiayn_int8_rows_linear, w the int8 weight
+ * (n, k) with row stride w_sk and a scale per output in scales. act: 0 none, 1 ReLU, 2 GELU (kernels.c). */
 typedef struct {
     int64_t kind;
-    const float* w;
+    const void* w;
     int64_t w_sk;
     const float* bias;
     int64_t n, k, act;
+    const float* scales;
 } aiayn_product;
 
 /* A residual wiring (aiayn.nn.layers.Residual in eval mode). pre: enter = norm(x), exit = x + y; else enter = x,
@@ -96,9 +98,12 @@ int64_t aiayn_decoder_layer_scratch(const aiayn_layer* L, int64_t n) {
 static void product(const aiayn_product* p, const float* x, int64_t x_sm, int64_t m, float* y, int64_t y_sm,
                     float* xpack, int64_t threads) {
     if (p->kind == 1)
-        aiayn_panel_linear(x, x_sm, m, p->k, p->w, p->n, p->bias, y, y_sm, p->act, xpack, threads);
+        aiayn_panel_linear(x, x_sm, m, p->k, (const float*)p->w, p->n, p->bias, y, y_sm, p->act, xpack, threads);
+    else if (p->kind == 3)
+        aiayn_int8_rows_linear(x, x_sm, m, p->k, (const int8_t*)p->w, p->w_sk, p->scales, p->n, p->bias, y, y_sm,
+                               p->act, threads);
     else
-        aiayn_rows_linear(x, x_sm, m, p->k, p->w, p->w_sk, p->n, p->bias, y, y_sm, p->act, threads);
+        aiayn_rows_linear(x, x_sm, m, p->k, (const float*)p->w, p->w_sk, p->n, p->bias, y, y_sm, p->act, threads);
 }
 
 /* Sum of x[0:d] in 16 lanes (vectorized by the compiler), then across them. */

@@ -8,6 +8,7 @@
  *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once;
  *   aiayn_panel_linear        a linear layer for many rows (batched beam search's), from a weight packed in panels;
  *   aiayn_int8_screen         a few rows times an int8 copy of an output layer with row scales (greedy's screen);
+ *   aiayn_int8_rows_linear    a linear layer with an int8 weight (a scale per output) for a few fp32 rows;
  *   aiayn_dropout             training's dropout, its uniforms drawn from a counter-based generator in the pass.
  * Threads: OpenMP, the same runtime as torch's (the library is linked against the libgomp torch loaded).
  */
@@ -605,6 +606,66 @@ void aiayn_int8_screen(const float* x, int64_t x_sm, int64_t M, int64_t D, const
                 for (int64_t j = Dv; j < D; j++) s[i] += (float)w[i][j] * xm[j];
                 out[m * out_sm + v0 + i] = s[i] * scales[v0 + i];
             }
+        }
+    }
+}
+
+/* --------------------------------------------------------------------------------------------- int8 rows linear */
+
+/* y[m, n] = act(scales[n] sum_j q[n, j] x[m, j] + bias[n]) for a few rows of x (a decoding step's): a linear layer
+ * whose weight is int8 with one scale per output (weight-only quantization: x stays fp32, so no activation is
+ * rounded), read once per call, a quarter of an fp32 weight's bytes. Each thread takes a band of output pairs; each
+ * chunk of a pair's weight rows is widened to fp32 once and multiplied into every one of up to 4 rows of x, so two
+ * weight rows x four input rows keep eight independent sums in registers. */
+static inline __attribute__((always_inline)) void int8_pair(const float* x, int64_t x_sm, const int MR, int64_t K,
+                                                            const int8_t* w0, const int8_t* w1, float s[2][4]) {
+    const int64_t Kv = K / VW * VW;
+    vf a[2][4];
+    for (int m = 0; m < 4; m++) a[0][m] = a[1][m] = (vf){0};
+    for (int64_t j = 0; j < Kv; j += VW) {
+        const vf u = widen(w0 + j), v = widen(w1 + j);
+        for (int m = 0; m < MR; m++) {
+            const vf xv = *(const vf*)(x + m * x_sm + j);
+            a[0][m] += u * xv;
+            a[1][m] += v * xv;
+        }
+    }
+    for (int m = 0; m < MR; m++) {
+        s[0][m] = hsum(a[0][m]);
+        s[1][m] = hsum(a[1][m]);
+        for (int64_t j = Kv; j < K; j++) {
+            s[0][m] += (float)w0[j] * x[m * x_sm + j];
+            s[1][m] += (float)w1[j] * x[m * x_sm + j];
+        }
+    }
+}
+
+void aiayn_int8_rows_linear(const float* x, int64_t x_sm, int64_t M, int64_t K, const int8_t* q, int64_t q_sn,
+                            const float* scales, int64_t N, const float* bias, float* y, int64_t y_sm,
+                            int64_t activation, int64_t threads) {
+    const int64_t pairs = (N + 1) / 2;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= (1 << 16))
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t n = 2 * p, two = N - n < 2 ? 1 : 2;
+        const int8_t* w0 = q + n * q_sn;
+        const int8_t* w1 = two == 2 ? w0 + q_sn : w0;  /* an odd last output repeats its row */
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+            const float* xm = x + m0 * x_sm;
+            float s[2][4];
+            switch (mr) {  /* a constant row count each, so that the sums stay in registers */
+                case 1: int8_pair(xm, x_sm, 1, K, w0, w1, s); break;
+                case 2: int8_pair(xm, x_sm, 2, K, w0, w1, s); break;
+                case 3: int8_pair(xm, x_sm, 3, K, w0, w1, s); break;
+                default: int8_pair(xm, x_sm, 4, K, w0, w1, s); break;
+            }
+            for (int64_t i = 0; i < two; i++)
+                for (int64_t m = 0; m < mr; m++) {
+                    float r = s[i][m] * scales[n + i] + (bias ? bias[n + i] : 0.0f);
+                    if (activation == 1) r = r > 0.0f ? r : 0.0f;
+                    else if (activation == 2) r = gelu(r);
+                    y[(m0 + m) * y_sm + n + i] = r;
+                }
         }
     }
 }

@@ -114,7 +114,7 @@ def pack_weight(weight: Tensor) -> Tensor:
 #: Both match torch's own function exactly in fp32 ("gelu" is the exact, erf-based GELU, as ``F.gelu``); in bf16 the
 #: fused activation is applied before the result is rounded to bf16, so it may differ from ``F.gelu`` by one bf16 ulp.
 FUSED_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none")}
-_ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATION_FNS = {"relu": F.relu, "gelu": F.gelu}  # the functions FUSED_ACTIVATIONS name
 
 
 def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
@@ -383,7 +383,7 @@ def _weight_halves(weight: Tensor) -> Tensor:
 
 def _activate(y: Tensor, activation: str | None) -> Tensor:
     """``activation`` (a key of ``FUSED_ACTIVATIONS``, or None for none) applied to ``y``."""
-    return y if activation is None else _ACTIVATION_FNS[activation](y)
+    return y if activation is None else ACTIVATION_FNS[activation](y)
 
 
 def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FEATURES) -> nn.Module:

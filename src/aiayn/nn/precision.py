@@ -61,7 +61,7 @@ def cast_for_inference(model: nn.Module, dtype: str | torch.dtype) -> nn.Module:
     """
     dtype = inference_dtype(dtype)
     devices = {p.device.type for p in model.parameters()}
-    quantized = any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+    quantized = any(c.__module__.startswith("torch.ao.nn.quantized") for m in model.modules() for c in type(m).__mro__)
     if quantized or not devices or any(not p.is_floating_point() for p in model.parameters()):
         raise AiaynError("cast_for_inference needs a model with floating parameters (an int8-quantized model "
                          "cannot be cast; pick either int8 or a dtype)")
