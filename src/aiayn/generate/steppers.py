@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from aiayn.generate.fast_step import FastDecoderStep, FastEncoder
+from aiayn.generate.fast_step import FastDecoderStep, FastEncoder, all_modules
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.seq2seq import EncoderDecoderModel
 from aiayn.nn.packed import frozen_weights
@@ -54,7 +54,7 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
     The block is also a :func:`aiayn.nn.packed.frozen_weights` block: the weights must not change inside it.
     """
-    training = [m for m in model.modules() if m.training]  # usually none: the model is already in eval mode
+    training = [m for m in all_modules(model) if m.training]  # usually none: the model is already in eval mode
     for m in training:
         m.training = False
     try:
