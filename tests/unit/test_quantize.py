@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -112,3 +113,8 @@ def test_the_few_row_path_follows_a_replaced_weight_and_survives_copies() -> Non
         torch.testing.assert_close(layer(x), nn.functional.linear(x, new_w.dequantize()), rtol=1e-5, atol=1e-5)
         twin = copy.deepcopy(layer)
         assert type(twin) is Int8Linear and torch.equal(twin(x), layer(x))
+        buf = io.BytesIO()
+        torch.save(nn.Sequential(layer), buf)  # a whole int8 model saved after it decoded
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)[0]
+        assert type(loaded) is Int8Linear and torch.equal(loaded(x), layer(x))

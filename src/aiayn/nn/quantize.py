@@ -86,6 +86,12 @@ class Int8Linear(_DynamicLinear):
     bits per call), whose few-row fp32 calls go through aiayn's native weight-only kernel instead (see the module
     docstring). Made by :func:`quantize_int8`; the same state, ``state_dict`` and results elsewhere."""
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the int8 rows read for the native kernel behind (read again on first use)."""
+        state = dict(super().__getstate__())
+        state.pop("_aiayn_rows", None)
+        return state
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out): the native kernel at up to ``native.MAX_LINEAR_ROWS`` fp32 rows where it is
         built, torch's int8 kernel otherwise."""
