@@ -64,7 +64,8 @@ def _recipe(tmp: Path, corpus: Path, name: str = "r.toml") -> Path:
 def test_train_translate_evaluate(tmp_path: Path, corpus_dir: Path, capsys: pytest.CaptureFixture) -> None:
     result = run_recipe(_recipe(tmp_path, corpus_dir))
     run = tmp_path / "run"
-    assert result.steps == 12
+    assert result.steps == 12 and result.averaged_dir == str(run / "averaged")
+    assert "averaged 3 checkpoints (step-6 .. step-12)" in capsys.readouterr().out
     for sub in ("best", "last", "averaged"):
         assert (run / sub / "model.safetensors").is_file()
     assert (run / "last" / "training_state.pt").is_file()

@@ -328,3 +328,26 @@ def test_rng_capture_restore_reproduces_all_generators(tmp_path: Path) -> None:
     restore_rng(direct)
     assert torch.equal(a, torch.randn(3))
     json.dumps(state["step"])  # train_state values stay plain
+
+
+@pytest.mark.parametrize("mode,avg,note", [("min", 4.40, True), ("min", 2.9, False), ("max", 4.8, True),
+                                           ("max", 23.5, False)])
+def test_an_averaged_checkpoint_worse_than_best_is_reported(mode: str, avg: float, note: bool,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """The trainer prints the averaged checkpoint's validation metrics and, where they are worse than best/'s (a
+    short run averaging its first checkpoints), says so and what to use instead."""
+    from types import SimpleNamespace
+
+    from aiayn.train.trainer import _report_average
+
+    task = SimpleNamespace(select_metric="loss" if mode == "min" else "bleu", select_mode=mode)
+    best = {"value": 3.01 if mode == "min" else 22.99, "step": 879}
+    dirs = [Path("run/step-200"), Path("run/step-800")]
+    _report_average(task, dirs, {task.select_metric: avg}, best)
+    out = capsys.readouterr().out
+    assert f"averaged 2 checkpoints (step-200 .. step-800): val_{task.select_metric}=" in out
+    assert ("averaged/ is worse than best/" in out) == note
+    if note:
+        assert "reaches back to step-200" in out and "train.average_last" in out
+    _report_average(task, dirs, {task.select_metric: avg}, None)  # no best/ (no evaluation): nothing to compare
+    assert "worse" not in capsys.readouterr().out

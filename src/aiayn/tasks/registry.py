@@ -65,5 +65,6 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
     if not ranks.main:
         return result
     print(f"trained {result.steps} steps in {result.wall_seconds / 60:.1f} min; "
-          f"best {task.select_metric} {result.best_metric}; checkpoints: {result.best_dir}, {result.last_dir}")
+          f"best {task.select_metric} {result.best_metric}; checkpoints: {result.best_dir}, {result.last_dir}"
+          + (f", {result.averaged_dir}" if result.averaged_dir else ""))
     return result
