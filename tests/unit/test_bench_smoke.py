@@ -161,6 +161,16 @@ def test_translate_bench_batches_option_names_its_own_results(capsys: pytest.Cap
 
 
 @pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+def test_few_rows_linears_bench_times_both_layouts_and_compares_their_tokens() -> None:
+    import few_rows_linears
+
+    with cpu_gemm.use_fp32_backend("torch"):  # the layout of a host where oneDNN is not the fp32 backend
+        row = few_rows_linears.bench_case("multi30k:1", runs=2, quick=True)
+    assert row["same"] and row["layers_made"] > 0 and row["plain_ms"] > 0 and row["few_rows_ms"] > 0
+    assert len(row["times"]["plain"]) == len(row["times"]["few_rows"]) == 2  # one round each way round
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
 def test_native_layers_bench_times_both_paths_and_compares_their_tokens() -> None:
     row = native_layers.bench_case("multi30k:1", runs=1, quick=True)
     assert row["native_layers_used"] and row["same"] and row["python_loop_ms"] > 0 and row["native_layers_ms"] > 0
