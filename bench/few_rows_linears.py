@@ -43,7 +43,7 @@ def bench_case(case: str, runs: int, quick: bool) -> dict[str, Any]:
         if layout == "plain":
             unpack_output_layers(model, few_rows_only=True)
         made[layout] = (decode, key, context, n)
-    outputs, times = {}, {}
+    outputs = {}
     with made["few_rows"][2], made["plain"][2]:
         for layout, (decode, key, _, _) in made.items():
             outputs[layout] = key(decode())

@@ -307,12 +307,8 @@ def test_panel_linear_one_thread_and_leading_dimensions() -> None:
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 70, 300), torch.randn(520, 300), torch.randn(520)
     want = native.panel_linear_reference(x, w, b)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with _threads(1):
         one = native.panel_linear(x, w, b)
-    finally:
-        torch.set_num_threads(threads)
     assert one.shape == (2, 70, 520)
     torch.testing.assert_close(one, want, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(native.panel_linear(x, w, b), one, rtol=1e-5, atol=1e-4)

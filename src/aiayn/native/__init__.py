@@ -359,9 +359,7 @@ def int8_rows_linear_reference(x: Tensor, q: Tensor, scales: Tensor, bias: Tenso
     Returns:
         (..., N) float32.
     """
-    y = torch.nn.functional.linear(x, q.to(x.dtype), None) * scales
-    y = y if bias is None else y + bias
-    return {None: y, "relu": y.relu(), "gelu": torch.nn.functional.gelu(y)}[activation]
+    return rows_linear_reference(x, (q.to(x.dtype) * scales[:, None].to(x.dtype)).t(), bias, activation)
 
 
 def int8_rows_linear(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None,

@@ -326,10 +326,7 @@ def _report_average(task: Task, dirs: list[Path], metrics: dict[str, float], bes
     tqdm.write(f"averaged {len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name}): "
                + ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items()))
     value = metrics[name]
-    if best is None or not math.isfinite(value):
-        return
-    worse = value > best["value"] if task.select_mode == "min" else value < best["value"]
-    if worse:
+    if best is not None and math.isfinite(value) and _better(task, best["value"], value):
         tqdm.write(f"note: averaged/ is worse than best/ on val_{name} ({value:.4g} against {best['value']:.4g} at "
                    f"step {best['step']}): the average reaches back to {dirs[0].name}. Use best/, or average later "
                    "checkpoints: fewer (train.average_last), or `aiayn average --run RUN_DIR --last N --out DIR`")
@@ -349,12 +346,17 @@ def _all_cores(ranks: Ranks, on_cpu: bool):
         torch.set_num_threads(before)
 
 
+def _better(task: Task, value: float, than: float) -> bool:
+    """Whether validation metric ``value`` beats ``than`` (lower for a "min" task, higher for a "max" one)."""
+    return value < than if task.select_mode == "min" else value > than
+
+
 def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLogger, out: Path, save) -> dict:
     metrics = task.evaluate()
     log.log({"step": step, **{f"val_{k}": v for k, v in metrics.items()}})
     tqdm.write("step {}: {}".format(step, ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items())))
     value = metrics[task.select_metric]
-    better = best is None or (value < best["value"] if task.select_mode == "min" else value > best["value"])
+    better = best is None or _better(task, value, best["value"])
     if better and math.isfinite(value):
         best = {"value": value, "step": step}
         save(out / "best", with_state=False)
