@@ -299,9 +299,9 @@ def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, 
     sizes = []
     real = fused_loss._chunk_buffers
 
-    def recording(rows, vocab, device):
+    def recording(rows, vocab, device, native_softmax):
         sizes.append((rows, vocab))
-        return real(rows, vocab, device)
+        return real(rows, vocab, device, native_softmax)
 
     monkeypatch.setattr(fused_loss, "_chunk_buffers", recording)
     run_recipe(_recipe(tmp_path, corpus, "workspace"), [])

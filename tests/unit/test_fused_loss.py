@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aiayn import native
 from aiayn.train import fused_loss
 from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
@@ -29,7 +30,10 @@ def _run(fn, h, w, y):
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 @pytest.mark.parametrize("ignore_vocab_id", [None, 0])
 @pytest.mark.parametrize("chunk_rows", [None, 1, 8])
-def test_fused_equals_reference(epsilon, ignore_vocab_id, chunk_rows):
+@pytest.mark.parametrize("native_kernels", ["1", "0"])
+def test_fused_equals_reference(epsilon, ignore_vocab_id, chunk_rows, native_kernels, monkeypatch):
+    """With the native softmax (where built) and with torch's log_softmax into a second buffer."""
+    monkeypatch.setenv("AIAYN_NATIVE", native_kernels)
     h, w, y = _inputs()
     ref = _run(lambda a, b, c: label_smoothed_nll(a @ b.T, c, epsilon, ignore_vocab_id=ignore_vocab_id), h, w, y)
     got = _run(lambda a, b, c: linear_label_smoothed_nll(a, b, c, epsilon, ignore_vocab_id, chunk_rows), h, w, y)
@@ -111,7 +115,8 @@ def test_cpu_workspace_is_reused_across_calls_and_sizes():
     big = _inputs(n=40, v=53, seed=1)
     _run(lambda a, b, c: linear_label_smoothed_nll(a.float(), b.float(), c, 0.1), *big)
     first = fused_loss._cpu_workspace.buffers[torch.float32]
-    assert first.numel() == 2 * int((big[2] != IGNORE_INDEX).sum()) * 53  # logits for the counted rows only
+    chunks = 1 if native.library() is not None else 2  # the logits, and their log-softmax without the native kernel
+    assert first.numel() == chunks * int((big[2] != IGNORE_INDEX).sum()) * 53  # for the counted rows only
     small = _inputs(n=9, v=29, seed=2)
     ref = _run(lambda a, b, c: label_smoothed_nll(a.float() @ b.float().T, c, 0.1), *small)
     got = _run(lambda a, b, c: linear_label_smoothed_nll(a.float(), b.float(), c, 0.1), *small)

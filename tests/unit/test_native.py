@@ -77,6 +77,41 @@ def test_row_top_ties_and_too_few_allowed() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("n_rows,v", [(4, 8000), (33, 5003), (3, 7), (1, 1), (2, 256)])
+def test_softmax_lse_equals_reference(n_rows: int, v: int) -> None:
+    x = torch.randn(n_rows, v) * 4
+    want_softmax, want_lse = native.softmax_lse_reference(x.double())
+    got = x.clone()
+    lse = native.softmax_lse_(got)
+    torch.testing.assert_close(lse, want_lse.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got, want_softmax.float(), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got.sum(-1), torch.ones(n_rows), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_softmax_lse_strided_rows_and_the_exponential_edges() -> None:
+    """Rows of a wider buffer (a chunk's view) are done in place and nothing else is touched; masked (-inf) entries
+    get 0, entries far below the row's best underflow to 0 in the vector lanes and the last few columns alike; a NaN
+    makes its row's normalizer and softmax NaN, as torch's."""
+    buffer = torch.randn(4, 45) * 3
+    x = buffer[:, :37]
+    x[0, ::3] = float("-inf")
+    x[1, :20] = x[1].max() - 90.0
+    x[1, 36] = x[1].max() - 87.3
+    x[3, 5] = float("nan")
+    before, tail = x.clone(), buffer[:, 37:].clone()
+    lse = native.softmax_lse_(x)
+    want_softmax, want_lse = native.softmax_lse_reference(before[:3].double())
+    torch.testing.assert_close(lse[:3], want_lse.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x[:3], want_softmax.float(), rtol=1e-5, atol=1e-9)
+    assert (x[0, ::3] == 0).all() and (x[1, :20] == 0).all()
+    assert lse[3].isnan() and x[3].isnan().all()
+    assert torch.equal(buffer[:, 37:], tail)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        native.softmax_lse_(torch.randn(5, 3).T)
+
+
+@needs_native
 @pytest.mark.parametrize("b,h,hkv,t,s,d", [(4, 4, 4, 1, 7, 64), (9, 8, 2, 1, 21, 32), (5, 4, 4, 4, 20, 64),
                                           (3, 6, 3, 2, 300, 16), (2, 3, 1, 3, 600, 20)])
 def test_few_query_attention_equals_reference(b: int, h: int, hkv: int, t: int, s: int, d: int) -> None:

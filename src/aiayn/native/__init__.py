@@ -1,11 +1,14 @@
-"""Native CPU kernels for decoding and dropout, compiled on first use from ``kernels.c`` and ``decoder_layer.c``,
-called through ``ctypes``.
+"""Native CPU kernels for decoding, dropout and the loss's softmax, compiled on first use from ``kernels.c`` and
+``decoder_layer.c``, called through ``ctypes``.
 
 These jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same data
 again or costs more in dispatch than in arithmetic (docs/BENCHMARKS.md):
 
 - beam search's per-row top-k: ``log_softmax`` writes a whole (N, V) tensor, then a blocked top-k reads it again;
   :func:`row_top` reads each row twice (max and best entries, then the exp-sum) and writes only (N, n);
+- training's loss gradient, the softmax of a chunk of logits: ``log_softmax`` then ``exp_`` write and read a second
+  (N, V) tensor with two exps per entry; :func:`softmax_lse_` turns the logits into their softmax in place, one exp
+  per entry, each row in the caches after its first pass (:mod:`aiayn.train.fused_loss`);
 - one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, and can read
   them through a table of cache rows, so that beam search's reordering need not copy the cache
   (:class:`~aiayn.nn.cache.KVStore`);
@@ -61,6 +64,7 @@ HEADERS = (Path(__file__).with_name("kernels.h"),)  # what the sources share
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
+    "aiayn_softmax_lse": [_P, _I, _I, _I, _P, _I],
     "aiayn_few_query_attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I,
                                   _I, _I, _I, _I, _I, _I, _F, _I],
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
@@ -204,6 +208,32 @@ def row_top(logits: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tenso
     library().aiayn_row_top(logits.data_ptr(), N, V, logits.stride(0), mask, n, values.data_ptr(), ids.data_ptr(),
                             lse.data_ptr(), torch.get_num_threads())
     return values, ids, lse
+
+
+# ---------------------------------------------------------------------------------------- softmax in place
+
+def softmax_lse_reference(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's softmax and log-sum-exp, in PyTorch: x (N, V) float -> (softmax (N, V), lse (N,))."""
+    lse = torch.logsumexp(x, dim=-1)  # (N,)
+    return (x - lse[:, None]).exp(), lse
+
+
+def softmax_lse_(x: Tensor) -> Tensor:
+    """:func:`softmax_lse_reference` by the native kernel, in place: ``x`` (N, V) becomes its rows' softmax; returns
+    their log-sum-exp (N,).
+
+    Three passes over each row (its max, the exp-sum, the softmax written back), the row in the caches after the
+    first; ``log_softmax`` then ``exp_`` write and read a second (N, V) tensor and take two exps per entry. Equal
+    to the reference up to float rounding (about 2 ulp per exp). ``x``: fp32 on the CPU (:func:`cpu_fp32`), last
+    dimension contiguous; call only where :func:`library` is not None.
+    """
+    if x.ndim != 2 or x.stride(-1) != 1:
+        raise ValueError(f"softmax_lse_: x must be 2-D with a contiguous last dimension, got {tuple(x.shape)} with "
+                         f"strides {x.stride()}")
+    N, V = x.shape
+    lse = x.new_empty(N)
+    library().aiayn_softmax_lse(x.data_ptr(), N, V, x.stride(0), lse.data_ptr(), torch.get_num_threads())
+    return lse
 
 
 # ---------------------------------------------------------------------------------------------------- attention

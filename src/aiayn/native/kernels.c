@@ -3,6 +3,7 @@
  * Each kernel has a plain-PyTorch reference next to its Python wrapper, and tests hold the two equal. They exist
  * where PyTorch's own kernels read the same memory several times or cost more in dispatch than in arithmetic:
  *   aiayn_row_top             a row's log-sum-exp and its n best entries in two passes over the row;
+ *   aiayn_softmax_lse         rows' softmax in place and their log-sum-exp (training's fused loss);
  *   aiayn_few_query_attention one decoding step's attention (self- or cross-), vectorized, optionally through
  *                             a table of cache rows (beam search's reordering without copying the cache);
  *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once;
@@ -182,6 +183,36 @@ void aiayn_row_top(const float* x, int64_t N, int64_t V, int64_t xs, const uint8
         const float l = m == INFINITY ? INFINITY : m + (float)log(s);
         lse[r] = l;
         for (int64_t i = 0; i < n; i++) bv[i] -= l;
+    }
+}
+
+/* For each row r of x (N, V), row stride xs (columns contiguous), in place:
+ *   lse[r] = log(sum_j exp(x[r, j])), then x[r, j] = exp(x[r, j] - lse[r]) (the row's softmax).
+ * Three passes over each row (its max, the exp-sum, the softmax written back): the row stays in the caches after
+ * the first, where log_softmax then exp_ write and read a second (N, V) tensor and take two exps per entry (the
+ * training loss's gradient, aiayn/train/fused_loss.py). A NaN anywhere in a row makes its lse and softmax NaN. */
+void aiayn_softmax_lse(float* x, int64_t N, int64_t V, int64_t xs, float* lse, int64_t threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * V >= (1 << 16))
+    for (int64_t r = 0; r < N; r++) {
+        float* row = x + r * xs;
+        float m = -INFINITY;
+        #pragma omp simd reduction(max:m)
+        for (int64_t j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
+        double s = 0.0;  /* float sums of 256 terms (vector lanes), added up in double */
+        if (m == INFINITY) {
+            s = 1.0;
+        } else if (m > -INFINITY) {
+            for (int64_t c0 = 0; c0 < V; c0 += 256) {
+                const int64_t c1 = c0 + 256 < V ? c0 + 256 : V;
+                s += exp_sum(row + c0, c1 - c0, m);
+            }
+        }
+        const float l = m == INFINITY ? INFINITY : m + (float)log(s);
+        lse[r] = l;
+        const vf lv = splat(l);
+        int64_t j = 0;
+        for (; j + VW <= V; j += VW) *(vf*)(row + j) = exp_nonpos_v(*(vf*)(row + j) - lv);
+        for (; j < V; j++) row[j] = exp_nonpos(row[j] - l);
     }
 }
 

@@ -6,13 +6,18 @@ and autograd keeps the logits, their log-softmax and a dense gradient of each al
 scalar, its gradient with respect to the logits is known in the forward pass
 (``softmax(z) - (1 - eps) * onehot(y) - eps * u``), so this function computes the loss *and* the gradients
 of ``h`` and ``W`` chunk by chunk of rows, and the backward pass only scales them by the incoming gradient.
-Per chunk: the logits go into one reused buffer, their log-softmax (one fused row-local kernel) into another,
-which then becomes the softmax in place; the label term is a scatter, and the constant ``-eps * u`` never
-touches the logits: it is a rank-1 correction of each gradient. Rows whose label is ignored (padding) get no
-logits at all. Same FLOPs as the plain path (three matmuls) or fewer, a fraction of the memory traffic, and
-memory bounded by two chunks of logits.
+Per chunk: the logits go into one reused buffer, which becomes their softmax in place; the label term is a
+scatter, and the constant ``-eps * u`` never touches the logits: it is a rank-1 correction of each gradient. Rows
+whose label is ignored (padding) get no logits at all. Same FLOPs as the plain path (three matmuls) or fewer, a
+fraction of the memory traffic, and memory bounded by a chunk of logits.
 
-On CPU the two chunk buffers are a workspace kept from one call to the next (per thread; :func:`release_workspace`
+The softmax: on CPU aiayn's native kernel (:func:`aiayn.native.softmax_lse_`) turns each row into its softmax in
+place and returns its log-sum-exp, one exp per entry and each row in the caches after its first pass, 2.0-2.2x as
+fast as ``log_softmax`` into a second buffer then ``exp_`` over it (512 rows of 8000-50257 logits,
+docs/BENCHMARKS.md). Elsewhere, and with ``AIAYN_NATIVE=0``, the log-softmax goes into a second buffer (one fused
+row-local kernel), which then becomes the softmax in place.
+
+On CPU the chunk buffers are a workspace kept from one call to the next (per thread; :func:`release_workspace`
 frees it, and ``aiayn.train.trainer.train`` calls it when training ends), and backward scales the precomputed
 gradients in place and hands them over. glibc ``mmap``s every fresh block above 32 MiB and the kernel zero-fills
 its pages on first touch: at GPT-2 small's vocabulary the fresh buffers, the scaled copy of the (V, D) gradient
@@ -41,6 +46,7 @@ import threading
 import torch
 from torch import Tensor
 
+from aiayn import native
 from aiayn.nn.cpu_gemm import mm_nt, weight_gradient
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 
@@ -73,16 +79,24 @@ def _workspace(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.
     return [flat[start:start + size].view(shape) for start, size, shape in zip(starts, sizes, shapes)]
 
 
-def _chunk_buffers(rows: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Two (rows, vocab) float32 buffers for the logits and their log-softmax (see :func:`_workspace`)."""
+def _chunk_buffers(rows: int, vocab: int, device: torch.device, native_softmax: bool) -> tuple[Tensor, Tensor | None]:
+    """(rows, vocab) float32 buffers (see :func:`_workspace`): the logits, and their log-softmax unless the native
+    kernel turns the logits into their softmax in place (``native_softmax``; then None)."""
+    if native_softmax:
+        return _workspace([(rows, vocab)], torch.float32, device)[0], None
     logits, logp = _workspace([(rows, vocab), (rows, vocab)], torch.float32, device)
     return logits, logp
 
 
+def _native_softmax(device: torch.device) -> bool:
+    """Whether each chunk's softmax is :func:`aiayn.native.softmax_lse_` (fp32 logits on the CPU, kernels built)."""
+    return device.type == "cpu" and native.library() is not None
+
+
 def release_workspace() -> None:
-    """Free this thread's CPU workspace (two chunks of logits: 206 MB at GPT-2 small's vocabulary, and under mixed
-    precision a low-precision copy of the weight, its gradient and a chunk), e.g. when a process stops training
-    and goes on with other work; the next call allocates it again."""
+    """Free this thread's CPU workspace (a chunk of logits, 103 MB at GPT-2 small's vocabulary, or two without the
+    native kernels; under mixed precision also a low-precision copy of the weight, its gradient and a chunk), e.g.
+    when a process stops training and goes on with other work; the next call allocates it again."""
     _cpu_workspace.buffers = None
 
 
@@ -116,9 +130,9 @@ class _LinearSmoothedNLL(torch.autograd.Function):
             w_smooth = weight.float().sum(0)  # (D,)
             if ignore_vocab_id is not None:
                 w_smooth = w_smooth - weight[ignore_vocab_id].float()
-        # two (n, V) float32 buffers reused by every chunk (and on CPU by every call): fresh ones cost page faults
+        # (n, V) float32 buffers reused by every chunk (and on CPU by every call): fresh ones cost page faults
         n_max, (vocab, width) = min(chunk_rows, h_kept.shape[0]), weight.shape
-        logits_buffer, logp_buffer = _chunk_buffers(n_max, vocab, h.device)
+        logits_buffer, logp_buffer = _chunk_buffers(n_max, vocab, h.device, _native_softmax(h.device))
         w = weight
         if low:  # and in compute_dtype: the weight, a chunk's logits (then its gradient), the weight's gradient
             w, z_low, grad_w_low = _workspace([(vocab, width), (n_max, vocab), (vocab, width) if need_w else (0,)],
@@ -133,20 +147,24 @@ class _LinearSmoothedNLL(torch.autograd.Function):
                 z = logits_buffer[:n].copy_(torch.matmul(hc_low, w.T, out=z_low[:n]))
             else:  # through oneDNN where it is the faster fp32 CPU library (aiayn.nn.cpu_gemm)
                 z = mm_nt(hc, w, out=logits_buffer[:n])  # (n, V) logits
-            logp = torch.log_softmax(z, -1, out=logp_buffer[:n])  # (n, V): one fused, row-local pass
-            logp_label = logp.gather(1, label).squeeze(1)  # (n,)
-            nll = -logp_label
+            z_label = z.gather(1, label).squeeze(1)  # (n,)
+            if logp_buffer is None:  # the logits become their softmax in place, one exp per entry
+                lse = native.softmax_lse_(z)  # (n,) log-sum-exp
+                g = z
+                nll = lse - z_label  # (n,) -log p(label)
+            else:  # log-softmax into the second buffer (one fused, row-local pass), then the softmax over it
+                nll = -torch.log_softmax(z, -1, out=logp_buffer[:n]).gather(1, label).squeeze(1)
+                lse = z_label + nll
+                g = logp_buffer[:n].exp_()
             loss = nll
             if epsilon > 0:
-                lse = z.gather(1, label).squeeze(1) - logp_label  # (n,) log-sum-exp
                 smooth = lse - (hc.float() @ w_smooth) / n_smooth  # (n,) mean -log p over the smoothed classes
                 loss = (1.0 - epsilon) * nll + epsilon * smooth
             loss_sum += loss.sum()
             nll_sum += nll.sum()
-            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - spread on every smoothed class: the softmax in place
-            # over logp, the label term scattered; the constant -spread is applied after the loop
-            g = logp.exp_()
-            g.scatter_add_(1, label, torch.full_like(logp_label, -(1.0 - epsilon))[:, None])
+            # d(loss)/dz = softmax(z) - (1 - eps) * onehot(y) - spread on every smoothed class: g is the softmax,
+            # the label term scattered; the constant -spread is applied after the loop
+            g.scatter_add_(1, label, torch.full_like(z_label, -(1.0 - epsilon))[:, None])
             if low:  # each chunk's gradients in compute_dtype; the weight's summed over chunks in float32
                 g = z_low[:n].copy_(g)
                 if grad_h_kept is not None:
