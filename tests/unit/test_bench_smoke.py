@@ -273,9 +273,40 @@ def test_profile_summary_fields() -> None:
 
 
 def test_train_step_profile_splits_kernel_time() -> None:
-    row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True, batch=12)  # the setup's own is 8
+    row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True, batch=12, rounds=1)  # own batch: 8
     assert row["batch"] == 12 and row["matmul_ms"] > 0 and row["other_ms"] > 0 and row["attention_ms"] > 0
     assert 0 < row["mfu"] < row["matmul_only_mfu"]  # the same FLOPs over less time
+    # 2 layers: 4 products forward and 8 backward each, the output layer's 3, attention's bmm's
+    assert row["products"] >= 2 * 12 + 3 and 0 < row["replay_ms"] < row["step_ms"]
+
+
+def test_recorded_products_replay_the_same_calls_on_fresh_operands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every product of a step is recorded in order with its operands' shapes and strides (a transposed operand
+    stays transposed; ``out=`` and in-place products keep their targets' layout), the native panel kernel's too,
+    and nothing else; the replay runs the same products on operands of its own."""
+    from aiayn import native
+
+    seen = []
+    monkeypatch.setattr(native, "panel_linear_once",
+                        lambda a, b, bias=None, out=None: seen.append((a.shape, b.shape)) or a @ b.T)
+    x, w = torch.randn(6, 4), torch.randn(5, 4)
+    acc, out = torch.zeros(4, 4), torch.empty(6, 5)
+
+    def step() -> float:
+        y = torch.relu(x @ w.t())  # mm of a transposed weight, then an op that is no product
+        torch.mm(x, w.t(), out=out)
+        acc.addmm_(x.t(), x)
+        z = torch.bmm(y[None], y.t()[None])
+        return float(native.panel_linear_once(x, w).sum() + z.sum())
+
+    calls = train_step_profile.record_products(step)
+    assert [c.func._schema.name if hasattr(c.func, "_schema") else "native" for c in calls] == [
+        "aten::mm", "aten::mm", "aten::addmm_", "aten::bmm", "native"]
+    assert calls[0].args[1].shape == (4, 5) and calls[0].args[1].stride() == (1, 4)  # w.t() as it was
+    assert calls[1].keywords["out"].shape == (6, 5) and calls[2].args[0].shape == (4, 4)
+    assert all(a is not x and a is not w for c in calls for a in c.args)  # fresh operands
+    assert seen == [((6, 4), (5, 4))]  # the native product ran in the step ...
+    assert train_step_profile.time_replay(calls) > 0 and seen == [((6, 4), (5, 4))] * 2  # ... and in the replay
 
 
 def test_run_all_knows_every_script() -> None:
