@@ -125,6 +125,20 @@ static inline float exp_sum(const float* x, int64_t n, float m) {
     return s;
 }
 
+/* log(sum_j exp(x[j])) over j < n given the row's max m: float sums of 256 terms (vector lanes), added up in
+ * double; -inf for an all -inf row, +inf where m is, NaN where a NaN is */
+static inline float log_sum_exp(const float* x, int64_t n, float m) {
+    if (m == INFINITY) return INFINITY;
+    double s = 0.0;
+    if (m > -INFINITY) {
+        for (int64_t c0 = 0; c0 < n; c0 += 256) {
+            const int64_t c1 = c0 + 256 < n ? c0 + 256 : n;
+            s += exp_sum(x + c0, c1 - c0, m);
+        }
+    }
+    return m + (float)log(s);
+}
+
 static inline float dot(const float* a, const float* b, int64_t D) {  /* a . b, vectors then a tree */
     vf acc = {0};
     int64_t d = 0;
@@ -171,16 +185,7 @@ void aiayn_row_top(const float* x, int64_t N, int64_t V, int64_t xs, const uint8
             for (int64_t j = 0; j < V && have < n; j++)
                 if (banned && banned[j]) { bv[have] = -INFINITY; bi[have] = j; have++; }
         }
-        double s = 0.0;  /* float sums of 256 terms (vector lanes), added up in double */
-        if (m == INFINITY) {
-            s = 1.0;
-        } else if (m > -INFINITY) {
-            for (int64_t c0 = 0; c0 < V; c0 += 256) {
-                const int64_t c1 = c0 + 256 < V ? c0 + 256 : V;
-                s += exp_sum(row + c0, c1 - c0, m);
-            }
-        }
-        const float l = m == INFINITY ? INFINITY : m + (float)log(s);
+        const float l = log_sum_exp(row, V, m);
         lse[r] = l;
         for (int64_t i = 0; i < n; i++) bv[i] -= l;
     }
@@ -198,16 +203,7 @@ void aiayn_softmax_lse(float* x, int64_t N, int64_t V, int64_t xs, float* lse, i
         float m = -INFINITY;
         #pragma omp simd reduction(max:m)
         for (int64_t j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
-        double s = 0.0;  /* float sums of 256 terms (vector lanes), added up in double */
-        if (m == INFINITY) {
-            s = 1.0;
-        } else if (m > -INFINITY) {
-            for (int64_t c0 = 0; c0 < V; c0 += 256) {
-                const int64_t c1 = c0 + 256 < V ? c0 + 256 : V;
-                s += exp_sum(row + c0, c1 - c0, m);
-            }
-        }
-        const float l = m == INFINITY ? INFINITY : m + (float)log(s);
+        const float l = log_sum_exp(row, V, m);
         lse[r] = l;
         const vf lv = splat(l);
         int64_t j = 0;
