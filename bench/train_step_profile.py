@@ -118,11 +118,10 @@ def _materialize(value: Any, generator: torch.Generator) -> Any:
 def record_products(step: Callable[[], float]) -> list[Callable[[], Any]]:
     """Run ``step`` once and return its matrix products as calls on fresh operands of the same shapes and strides,
     in the same order, one set of operands per call (see the module docstring)."""
-    recorder, native_calls = _ProductRecorder(), []
+    recorder = _ProductRecorder()
     real_panel = native.panel_linear_once
 
     def recording_panel(a, b, bias=None, out=None):  # noqa: ANN001, ANN202
-        native_calls.append(len(recorder.calls))  # its place among the dispatched products
         recorder.calls.append((real_panel, (_describe(a), _describe(b)),
                                {"bias": _describe(bias), "out": _describe(out)}))
         with torch.utils._python_dispatch._disable_current_modes():  # its own tensors are not products to record

@@ -82,10 +82,8 @@ def _workspace(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.
 def _chunk_buffers(rows: int, vocab: int, device: torch.device, native_softmax: bool) -> tuple[Tensor, Tensor | None]:
     """(rows, vocab) float32 buffers (see :func:`_workspace`): the logits, and their log-softmax unless the native
     kernel turns the logits into their softmax in place (``native_softmax``; then None)."""
-    if native_softmax:
-        return _workspace([(rows, vocab)], torch.float32, device)[0], None
-    logits, logp = _workspace([(rows, vocab), (rows, vocab)], torch.float32, device)
-    return logits, logp
+    buffers = _workspace([(rows, vocab)] * (1 if native_softmax else 2), torch.float32, device)
+    return buffers[0], None if native_softmax else buffers[1]
 
 
 def _native_softmax(device: torch.device) -> bool:
