@@ -10,17 +10,23 @@ steps (forward, fused loss, backward, Adam) of a ``train_throughput.py`` setup o
 target tokens/s; ``same_output`` then compares the step losses to 4 significant digits. ``train-bf16:SETUP``
 does the same under bf16 autocast (``train_throughput.py --dtype bfloat16``). A ``generate:BATCH`` case times greedy
 generation of ``generate_lm.py``'s GPT-2-like model (16-token prompts, 128 new tokens, no stop id) in tokens/s.
-An ``int8-SIZE:BATCH`` case decodes the int8 copy of that model (``aiayn.nn.quantize.quantize_int8``) instead.
+An ``int8-SIZE:BATCH`` case decodes the int8 copy of that model (``--int8``) instead.
 ``--base-env`` / ``--head-env NAME=VALUE ...`` set environment variables for one side's runs, so one revision can be
-timed against itself under two settings (e.g. ``AIAYN_FP32_CPU_GEMM=torch`` against ``onednn``).
+timed against itself under two settings (e.g. ``AIAYN_ACCEL=none``, the reference core, against the default).
+
+Every model is the one aiayn's users get at that revision, whichever API it has (:func:`benchlib.for_decoding`,
+:func:`benchlib.for_training`, :func:`benchlib.training_loss`): since the core/accelerator split, the reference
+accelerated by :func:`aiayn.accel.accelerate` and the loss through ``model.lm_head.loss``; before it, ``build_model``'s
+model with the decoding layout and the fused loss on the forward's output weight. Across the split, decodes give the
+same tokens but training losses differ: aiayn's dropout became torch's, which draws other masks.
 
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases multi30k:32 paper-base:32
     .venv/bin/python bench/ab_revisions.py --base HEAD~2 --head HEAD --cases train:seq2seq-multi30k-tiny
     .venv/bin/python bench/ab_revisions.py --base HEAD~1 --head HEAD --cases train-bf16:lm-gpt2-small
     .venv/bin/python bench/ab_revisions.py --base HEAD --head WORKTREE --cases generate:1 generate:16
-    .venv/bin/python bench/ab_revisions.py --base HEAD --head HEAD --base-env AIAYN_FP32_CPU_GEMM=torch \
-        --head-env AIAYN_FP32_CPU_GEMM=onednn --cases paper-base:1 train:seq2seq-paper-base
+    .venv/bin/python bench/ab_revisions.py --base WORKTREE --head WORKTREE --base-env AIAYN_ACCEL=none \
+        --head-env AIAYN_ACCEL=auto --cases paper-base:1 train:seq2seq-paper-base
 """
 
 from __future__ import annotations
@@ -51,18 +57,14 @@ DEFAULT_CASES = ["multi30k:1", "multi30k:32", "paper-base:32"]
 def time_case(size: Seq2SeqSize, batch: int, runs: int, src_len: int = 20, out_len: int = 20,
               int8: bool = False) -> dict[str, Any]:
     """Time ``runs`` beam-4 decodes (after one warm-up) with the ``aiayn`` this process imports (of the model's int8
-    copy with ``int8``).
+    copy with ``int8``), the model as ``load_pretrained`` gives it (:func:`translate_beam.aiayn_model`).
 
     Returns ``{"times": [s, ...], "digest": sha256 of the hypotheses' tokens}``.
     """
     from aiayn.generate import translate
 
     torch.manual_seed(0)
-    model = aiayn_model(size)
-    if int8:
-        from aiayn.nn.quantize import quantize_int8
-
-        model = quantize_int8(model)
+    model = aiayn_model(size, "int8" if int8 else "float32")
     g = torch.Generator().manual_seed(batch)
     src = torch.randint(5, size.vocab_size - 2, (batch, src_len), generator=g)  # no special ids
     mask = EosMask(model.lm_head, EOS, out_len)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 THREADS = 2
 #: ``--malloc``: glibc's default ``malloc`` settings, or freed memory kept in the process as the ``aiayn`` command
-#: runs (:func:`aiayn.allocator.keep_freed_memory`). Passed to every process of a run through this environment
+#: runs (:func:`aiayn.accel.cpu.allocator.keep_freed_memory`). Passed to every process of a run through this environment
 #: variable, so every contender's subprocess runs under the same setting.
 MALLOC_ENV = "AIAYN_BENCH_MALLOC"
 MALLOC_SETTINGS = ("glibc", "keep-freed")
@@ -35,7 +37,10 @@ def setup(threads: int = THREADS, seed: int = 0) -> None:
     """Pin torch to ``threads`` intra-op threads (and 1 inter-op thread), seed it, and apply the run's ``malloc``
     setting (:func:`malloc_setting`) to this process."""
     if malloc_setting() == "keep-freed":
-        from aiayn.allocator import keep_freed_memory
+        try:
+            from aiayn.accel.cpu.allocator import keep_freed_memory
+        except ImportError:  # a revision before aiayn.accel, timed by ab_revisions.py
+            from aiayn.allocator import keep_freed_memory  # type: ignore[no-redef]
 
         keep_freed_memory()
     torch.set_num_threads(threads)
@@ -98,7 +103,7 @@ def wants_bf16(choice: str) -> bool:
     if choice != "auto":
         return choice == "on"
     try:
-        from aiayn.nn.packed import onednn_bf16_available
+        from aiayn.accel.cpu.packed import onednn_bf16_available
     except ImportError:  # older revisions, timed by ab_revisions.py
         return False
     return onednn_bf16_available()
@@ -116,7 +121,7 @@ def add_malloc_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--malloc", choices=MALLOC_SETTINGS, action=_MallocAction, default=None,
                         help="glibc: glibc's default malloc settings (the default); keep-freed: every process of "
                              "the run, every contender alike, keeps freed memory as the aiayn command does "
-                             "(aiayn.allocator.keep_freed_memory; docs/BENCHMARKS.md)")
+                             "(aiayn.accel.cpu.allocator.keep_freed_memory; docs/performance.md)")
 
 
 def alternate(fns: dict[str, Callable[[], Any]], runs: int = 5, warmup: int = 1) -> dict[str, list[float]]:
@@ -153,7 +158,7 @@ def settle_garbage(freeze: bool = False) -> None:
     After ``import torch`` a process holds about 170,000 objects that the collector tracks, and a full collection
     of them took 55-73 ms on the 2-core benchmark host. The first one comes at whatever allocation crosses the
     collector's thresholds: in a fresh process timing beam-4 decodes it fell in the third or fourth decode and
-    made it 30% slower (docs/BENCHMARKS.md, forty-second session). Collecting before every timed run, with the
+    made it 30% slower (2-core AMD EPYC Zen 4, 2026-11-25). Collecting before every timed run, with the
     long-lived objects frozen so that those collections are cheap, keeps that one-time cost out of every
     contender's timings alike; the collections a run's own allocations trigger stay in it.
     """
@@ -178,7 +183,7 @@ def matmul_floor(weights: Sequence[torch.Tensor], rows: int, steps: int) -> Call
     least this (no attention, norms, cache, search or framework overhead; at batch 1 it streams every weight byte
     once per step). ``t_peer / t_floor`` therefore bounds the speed-up over a peer that is possible without fewer
     weight bytes (int8), fewer weights, or a faster matmul kernel than ``F.linear``'s (oneDNN's prepacked output
-    layer in :mod:`aiayn.nn.packed` is one).
+    layer in :mod:`aiayn.accel.cpu.packed` is one).
 
     Args:
         weights: (out, in) matrices used once per step, in the layout the model itself uses.
@@ -340,3 +345,88 @@ def report(name: str, payload: dict[str, Any], columns: list[str], quick: bool) 
     path = write_results(name, payload, quick=quick)
     print(f"written {path} ({payload['wall_s']:.0f} s)")
     return path
+
+
+# aiayn as its users get it, on this revision and on older ones. ab_revisions.py runs the workers of
+# translate_beam.py, generate_lm.py and train_throughput.py against other git revisions of aiayn, so these helpers
+# detect the API instead of assuming it. Since the core/accelerator split a model is built as the plain reference and
+# accelerated by one call (aiayn.accel.accelerate, which honours AIAYN_ACCEL=none); before it, build_model already
+# gave the CPU fast paths (packed linears, fused loss), load_pretrained applied the decoding layout
+# (aiayn.nn.layout), and the training loss took the output weight from the forward pass (``output_weight``).
+
+INFERENCE_VARIANTS = ("float32", "int8", "bfloat16")
+
+
+def has_accel_api() -> bool:
+    """Whether the ``aiayn`` this process imports applies its CPU acceleration through :mod:`aiayn.accel`."""
+    return importlib.util.find_spec("aiayn.accel") is not None
+
+
+def has_bf16_inference() -> bool:
+    """Whether this ``aiayn`` has ``--dtype bfloat16`` inference (:func:`aiayn.nn.precision.cast_for_inference`)."""
+    return importlib.util.find_spec("aiayn.nn.precision") is not None
+
+
+def for_decoding(model: nn.Module, variant: str = "float32") -> nn.Module:
+    """``model`` (a freshly built reference on the CPU) made what ``load_pretrained`` gives users for decoding: in
+    eval mode, int8-quantized (``--int8``; a copy) or cast to bf16 (``--dtype bfloat16``) per ``variant``, then
+    accelerated (:func:`aiayn.accel.accelerate`; older revisions: their own layout)."""
+    if variant not in INFERENCE_VARIANTS:
+        raise ValueError(f"variant {variant!r}: one of {INFERENCE_VARIANTS}")
+    model = model.eval()
+    if has_accel_api():
+        from aiayn.accel import accelerate, quantize_int8
+
+        if variant == "int8":
+            model = quantize_int8(model)
+        elif variant == "bfloat16":
+            from aiayn.nn.precision import cast_for_inference
+
+            cast_for_inference(model, torch.bfloat16)
+        return accelerate(model, "decode")
+    if variant == "int8":
+        from aiayn.nn.quantize import quantize_int8 as old_quantize_int8
+
+        return old_quantize_int8(model)
+    if variant == "bfloat16":  # which also gave a CPU model the decoding layout
+        from aiayn.nn.precision import cast_for_inference
+
+        return cast_for_inference(model, torch.bfloat16)
+    try:
+        from aiayn.nn.layout import cpu_inference_layout
+    except ImportError:  # older still: only the column-major layout
+        from aiayn.nn.layout import column_major_linears as cpu_inference_layout
+    return cpu_inference_layout(model)
+
+
+def for_training(model: nn.Module) -> nn.Module:
+    """``model`` (a freshly built reference) accelerated for training as the trainer does it
+    (:func:`aiayn.accel.accelerate`; older revisions' ``build_model`` had done it already)."""
+    if has_accel_api():
+        from aiayn.accel import accelerate
+
+        return accelerate(model, "train")
+    return model
+
+
+def training_loss(model: nn.Module, forward: Callable[..., Any], labels: Tensor,
+                  label_smoothing: float = 0.0) -> Callable[[], Tensor]:
+    """The trainer's loss: a zero-argument callable giving the summed label-smoothed loss of ``labels`` (B, T) under
+    ``forward(**kwargs)`` (the model's call with ``compute_logits=False``), through ``model.lm_head.loss`` (fused on
+    an accelerated CPU model); older revisions: their fused loss on the output weight, as their trainer called it."""
+    if has_accel_api():
+        def loss() -> Tensor:
+            return model.lm_head.loss(forward().hidden, labels, label_smoothing)[0]
+        return loss
+    import inspect
+
+    from aiayn.train.fused_loss import linear_label_smoothed_nll  # type: ignore[import-not-found]
+
+    # the output weight as the forward's graph holds it; revisions before ``output_weight`` take the parameter
+    kw = {"output_weight": True} if "output_weight" in inspect.signature(model.forward).parameters else {}
+
+    def old_loss() -> Tensor:
+        out = forward(**kw)
+        weight = out.output_weight if kw else model.lm_head.proj.weight
+        return linear_label_smoothed_nll(out.hidden, weight, labels, label_smoothing)[0]
+    return old_loss

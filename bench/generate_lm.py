@@ -3,14 +3,17 @@
 Same GPT-2-like architecture (pre-LN, learned positions, GELU, tied embeddings), the same weights (copied from
 the HF model into aiayn), the same prompts and exactly the same number of new tokens: aiayn runs with no stop
 id, HF with ``min_new_tokens == max_new_tokens``. Runs alternate; we report the median tokens/s and the ratio.
-A third contender is aiayn's opt-in int8 inference (``aiayn.nn.quantize``, ``--int8`` on the command line) on
-the same weights: its ratio is against transformers in fp32, and ``int8_same_tokens`` is the fraction of its
+aiayn's contenders are the models ``load_pretrained`` gives users: accelerated for decoding
+(:func:`aiayn.accel.accelerate`; ``AIAYN_ACCEL=none`` in the environment times the reference instead).
+A third contender is aiayn's opt-in int8 inference (:func:`aiayn.accel.quantize_int8`, ``--int8`` on the command
+line) on the same weights: its ratio is against transformers in fp32, and ``int8_same_tokens`` is the fraction of its
 greedy tokens equal to the fp32 model's. A fourth timed entry, ``matmul-floor``, runs only the model's linear
 layers for the same number of steps (:func:`benchlib.matmul_floor`); ``fp32_bound_vs_hf`` = transformers' time /
 that floor is the most any fp32 implementation of these matmuls could gain over transformers.
-In bf16, aiayn's ``--dtype bfloat16`` (``aiayn.nn.precision.cast_for_inference``: the whole model in bf16, every
-linear layer prepacked for oneDNN's bf16 kernels) runs against ``GPT2LMHeadModel`` cast to bf16, same weights:
-``bf16_ratio_vs_hf_bf16``; ``bf16_same_tokens`` is the fraction of its greedy tokens equal to aiayn's fp32 ones.
+In bf16, aiayn's ``--dtype bfloat16`` (``aiayn.nn.precision.cast_for_inference``: the whole model in bf16, then
+accelerated: every linear layer prepacked for oneDNN's bf16 kernels) runs against ``GPT2LMHeadModel`` cast to bf16,
+same weights: ``bf16_ratio_vs_hf_bf16``; ``bf16_same_tokens`` is the fraction of its greedy tokens equal to aiayn's
+fp32 ones.
 
     .venv/bin/python bench/generate_lm.py            # 6 layers x 384, batch 1 and 16, 16 + 128 tokens
     .venv/bin/python bench/generate_lm.py --quick
@@ -34,9 +37,6 @@ import benchlib  # noqa: E402
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import generate  # noqa: E402
 from aiayn.models import DecoderModel  # noqa: E402
-from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
-from aiayn.nn.precision import cast_for_inference  # noqa: E402
-from aiayn.nn.quantize import quantize_int8  # noqa: E402
 
 
 @dataclass
@@ -50,8 +50,10 @@ class LMSize:
     max_len: int = 1024
 
 
-def build_pair(size: LMSize, seed: int = 0) -> tuple[DecoderModel, Any]:
-    """A random HF GPT-2 and an aiayn decoder holding the same weights, both in eval mode."""
+def build_pair(size: LMSize, seed: int = 0, variant: str | None = "float32") -> tuple[DecoderModel, Any]:
+    """A random HF GPT-2 and an aiayn decoder holding the same weights, both in eval mode; the aiayn one as
+    ``load_pretrained`` gives it for decoding in ``variant`` (:func:`benchlib.for_decoding`: accelerated, int8 or
+    bf16), or with ``variant`` None the reference core's modules."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
@@ -65,7 +67,8 @@ def build_pair(size: LMSize, seed: int = 0) -> tuple[DecoderModel, Any]:
                              dropout=0.0, norm_eps=hf_cfg.layer_norm_epsilon)
     ours = build_model(cfg).eval()
     copy_gpt2_weights(hf, ours)
-    cpu_inference_layout(ours)  # the inference weight layout load_pretrained gives users (aiayn.nn.layout)
+    if variant is not None:
+        ours = benchlib.for_decoding(ours, variant)
     return ours, hf  # type: ignore[return-value]
 
 
@@ -158,9 +161,10 @@ def bench_generate(size: LMSize | None = None, batches: tuple[int, ...] = (1, 16
     """The whole benchmark: build the pair once, time every batch size (the bf16 pair only when ``bf16``).
     Returns the JSON payload."""
     size = size or LMSize()
-    ours, hf = build_pair(size)
-    ours_int8 = quantize_int8(ours)
-    ours_bf16 = cast_for_inference(copy.deepcopy(ours), torch.bfloat16) if bf16 else None
+    reference, hf = build_pair(size, variant=None)
+    ours_int8 = benchlib.for_decoding(reference, "int8")  # a copy
+    ours = benchlib.for_decoding(copy.deepcopy(reference))
+    ours_bf16 = benchlib.for_decoding(reference, "bfloat16") if bf16 else None  # in place: reference's last use
     hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16) if bf16 else None
     rows = [run_case(ours, ours_int8, hf, b, prompt_len, new_tokens, runs, warmup, ours_bf16, hf_bf16)
             for b in batches]

@@ -20,13 +20,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from aiayn.nn.cpu_gemm import onednn_available  # noqa: E402
-
 
 def matmul_products(n: int, dtype: torch.dtype = torch.float32) -> dict[str, Callable[[], Any]]:
     """One ``(n, n) @ (n, n)`` product per CPU matmul library at hand: ``torch.mm`` (fp32: MKL in x86 builds; bf16:
-    oneDNN) and, for fp32 where the build has it, oneDNN's linear kernel (:mod:`aiayn.nn.cpu_gemm`, the library
+    oneDNN) and, for fp32 where the build has it, oneDNN's linear kernel (:mod:`aiayn.accel.cpu.gemm`, the library
     aiayn uses where it is faster). The machine's peak is the fastest of them."""
+    from aiayn.accel.cpu.gemm import onednn_available  # here: train_throughput.py's workers run older revisions too
+
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
     c = torch.empty(n, n, dtype=dtype)

@@ -9,7 +9,9 @@ cut two ways with the same number of batches (so the same real tokens per batch 
 
 A full epoch takes many minutes on 2 cores, so by default a random slice (``--fraction``) of each epoch's
 batches is timed, steps of the two alternating, and the epoch time is extrapolated. Each timed step is
-collation + forward + backward + Adam.
+collation + forward + loss + backward + Adam, the model and loss as ``aiayn train`` runs them: accelerated for
+training (:func:`aiayn.accel.accelerate`; ``AIAYN_ACCEL=none`` times the reference core), the loss through
+``model.lm_head.loss`` on the hidden states.
 
     .venv/bin/python bench/multi30k_epoch.py                  # 5% slice
     .venv/bin/python bench/multi30k_epoch.py --fraction 1.0   # the whole epoch
@@ -25,14 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
+from aiayn.accel import accelerate  # noqa: E402
 from aiayn.data.batching import (  # noqa: E402
-    IGNORE_INDEX,
     collate_seq2seq,
     fixed_size_batches,
     padding_fraction,
@@ -103,17 +104,16 @@ def bench_epoch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int
     runners = {}
     for name in plans:
         torch.manual_seed(seed)
-        model = build_model(config).train()
+        model = accelerate(build_model(config), "train").train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         runners[name] = (model, opt)
 
     def step(name: str, batch: list[int]) -> int:
         model, opt = runners[name]
         b = collate_seq2seq([src_ids[i] for i in batch], [tgt_ids[i] for i in batch], config.pad_id, 1, 2)
-        logits = model(b["src"], b["tgt_in"]).logits  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["labels"].reshape(-1),
-                               ignore_index=IGNORE_INDEX)
-        loss.backward()
+        hidden = model(b["src"], b["tgt_in"], compute_logits=False).hidden  # (B, T, D)
+        summed = model.lm_head.loss(hidden, b["labels"], 0.0)[0]  # padding labels (IGNORE_INDEX) do not count
+        (summed / b["n_tokens"]).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return int(b["n_tokens"])

@@ -1,4 +1,4 @@
-"""Run every benchmark, one subprocess each (fresh threads and memory), and summarize the wall times.
+"""Run every comparison benchmark, one subprocess each (fresh threads and memory), and summarize the wall times.
 
     .venv/bin/python bench/run_all.py            # real sizes (about 10-15 minutes on 2 quiet cores)
     .venv/bin/python bench/run_all.py --quick    # small sizes (a few minutes)
@@ -20,20 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["matmul_peak", "generate_lm", "translate_beam", "train_throughput", "multi30k_epoch",
-           "profile_decode"]
-#: what runs without --only: the comparisons; profile_decode is a diagnosis (``--only profile_decode``), left out to
-#: keep the suite under 15 minutes on the 2-core Zen 3 host, where the scripts' own wall times added up to about 17
-DEFAULT_SCRIPTS = [name for name in SCRIPTS if name != "profile_decode"]
-#: options run_all passes to a script beyond its defaults: the profile takes 3 runs per case instead of 5, and the
-#: training bench leaves out aiayn against itself (aiayn-torch-dropout; bench/ab_revisions.py measures such changes)
-EXTRA_ARGS = {"profile_decode": ["--runs", "3"], "train_throughput": ["--no-ablation"]}
+#: the comparisons, each run without --only (the other scripts of bench/ are diagnoses or take long: README.md)
+SCRIPTS = ["matmul_peak", "generate_lm", "translate_beam", "train_throughput", "multi30k_epoch"]
+#: options run_all passes to a script beyond its defaults: the training bench leaves out aiayn against its own
+#: reference core (aiayn-reference; bench/ab_revisions.py with AIAYN_ACCEL=none measures that)
+EXTRA_ARGS = {"train_throughput": ["--no-ablation"]}
 
 
 def run_script(name: str, quick: bool, threads: int | None) -> dict[str, Any]:
     """Run ``bench/<name>.py`` in a subprocess (output streamed through); returns its status and wall time.
 
-    ``threads`` None leaves each script its default (2; ``profile_decode`` 1).
+    ``threads`` None leaves each script its default (2).
     """
     cmd = [sys.executable, str(HERE / f"{name}.py"), *EXTRA_ARGS.get(name, [])]
     if threads is not None:
@@ -51,13 +48,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small, fast versions of every benchmark")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every script (default: "
-                   "each script's own, 2 for comparisons and 1 for profile_decode)")
-    p.add_argument("--only", nargs="+", choices=SCRIPTS, default=None, help="run only these scripts (default: all "
-                   "but profile_decode, a diagnosis)")
+                   "each script's own, 2)")
+    p.add_argument("--only", nargs="+", choices=SCRIPTS, default=None, help="run only these scripts (default: all)")
     benchlib.add_malloc_arg(p)  # exported to every script's process
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    rows = [run_script(name, args.quick, args.threads) for name in (args.only or DEFAULT_SCRIPTS)]
+    rows = [run_script(name, args.quick, args.threads) for name in (args.only or SCRIPTS)]
     payload = {"quick": args.quick, "threads": args.threads, "malloc": benchlib.malloc_setting(), "rows": rows,
                "wall_s": time.perf_counter() - t0}
     print("\n" + benchlib.table(rows))

@@ -6,7 +6,7 @@ For each ``train_throughput.py`` setup, aiayn's step (forward, fused loss, backw
 - ``matmul_ms``: the linear layers and the loss's products, forward and backward (``mkldnn::_linear_pointwise``,
   ``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``);
 - ``attention_ms``: torch's CPU flash-attention kernels, forward and backward (attention over more than 64 keys;
-  shorter attention trains as two matmuls and a softmax, :mod:`aiayn.nn.short_attention`, counted with those);
+  shorter attention trains as two matmuls and a softmax, :mod:`aiayn.accel.cpu.short_attention`, counted with those);
 - ``other_ms``: everything else that the profiler saw (norms, dropout, softmax of the loss, the embedding's
   gradient, Adam, copies); the step's wall time minus the three is Python and autograd bookkeeping.
 
@@ -49,7 +49,7 @@ import benchlib  # noqa: E402
 import matmul_peak  # noqa: E402
 import train_throughput  # noqa: E402
 
-from aiayn import native  # noqa: E402
+from aiayn.accel.cpu import native  # noqa: E402
 from aiayn.models import forward_flops_per_token  # noqa: E402
 
 MATMUL_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")

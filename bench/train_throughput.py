@@ -8,14 +8,17 @@
 - Encoder-decoder at the tiny Multi30k recipe's size (128/256/4, 4+4, vocab 8000, dropout 0.3), batch 256 x 16
   / 16 (about the recipe's 4096-token batches): the same three.
 
-"aiayn-torch-dropout" is aiayn with ``torch.nn.functional.dropout`` and one 256 MB chunk of logits in the fused
-loss instead of :mod:`aiayn.nn.dropout` and 512-row CPU chunks: the ratio says what those two buy.
+"aiayn" is the model as ``aiayn train`` trains it: the reference core accelerated for training
+(:func:`aiayn.accel.accelerate`; ``AIAYN_ACCEL=none`` in the environment times the reference instead).
+"aiayn-reference" is the reference core alone (``--accel none``: plain ``nn.Linear``, torch's attention kernels, the
+loss from the whole logits tensor): the ratio says what the CPU accelerator buys a training step.
 
 Dropout 0.1 (0.3 for the tiny setup) on embeddings and residual branches everywhere, none on attention weights or the
 FFN hidden layer (torch.nn.Transformer's built-in attention/activation dropouts are switched off to match). Loss:
 token cross-entropy over all positions, each library's own way (the peers: logits, then ``F.cross_entropy``; aiayn:
-its trainer's fused projection + loss, :mod:`aiayn.train.fused_loss`); optimizer: ``torch.optim.Adam`` with the fused
-kernel for everyone (transformers' Trainer uses it by default). Runs alternate (one step per run).
+its trainer's ``model.lm_head.loss`` on the hidden states, the fused projection + loss of
+:mod:`aiayn.accel.cpu.fused_loss` once accelerated); optimizer: ``torch.optim.Adam`` with the fused kernel for everyone
+(transformers' Trainer uses it by default). Runs alternate (one step per run).
 
 MFU = 3 * ``aiayn.models.stats.forward_flops_per_token`` * tokens/s / measured fp32 matmul FLOP/s (a 2048^3
 matmul through each library at hand, MKL and oneDNN, timed in the same alternating rounds so it sees the same load;
@@ -40,14 +43,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
-import inspect
 import json
 import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +62,21 @@ import matmul_peak  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.models import forward_flops_per_token  # noqa: E402
-from aiayn.nn import dropout as aiayn_dropout  # noqa: E402
 from aiayn.nn.positions import sinusoidal_table  # noqa: E402
-from aiayn.train import fused_loss  # noqa: E402
-from aiayn.train.fused_loss import linear_label_smoothed_nll  # noqa: E402
 
 DROPOUT = 0.1
+ABLATION = "aiayn-reference"  # aiayn against itself (its reference core), not a peer: --no-ablation leaves it out
 
 # name -> (config overrides, batch, src_len, tgt_len, implementations); "quick" variants are tiny
 SETUPS: dict[str, dict[str, Any]] = {
     "seq2seq-paper-base": dict(preset="paper-base", cfg=dict(vocab_size=32000), batch=16, src=32, tgt=32,
-                               impls=("aiayn", "aiayn-torch-dropout", "torch.nn.Transformer", "transformers-marian")),
+                               impls=("aiayn", ABLATION, "torch.nn.Transformer", "transformers-marian")),
     "lm-gpt2-small": dict(preset="gpt2-small", cfg=dict(activation="gelu"), batch=8, src=0, tgt=128,
-                          impls=("aiayn", "aiayn-torch-dropout", "transformers-gpt2")),
+                          impls=("aiayn", ABLATION, "transformers-gpt2")),
     # the tiny Multi30k recipe's model (post-LN here, as the peers), dropout 0.3, ~4096 target tokens per step
     "seq2seq-multi30k-tiny": dict(preset="paper-base", cfg=dict(vocab_size=8000, d_model=128, n_heads=4, d_ff=256,
                                                                 n_layers=4, dropout=0.3), batch=256, src=16, tgt=16,
-                                  impls=("aiayn", "aiayn-torch-dropout", "torch.nn.Transformer",
-                                         "transformers-marian")),
+                                  impls=("aiayn", ABLATION, "torch.nn.Transformer", "transformers-marian")),
 }
 QUICK_CFG = dict(d_model=128, d_ff=512, n_heads=4, n_layers=2)
 
@@ -179,19 +177,16 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     src = torch.randint(5, v - 2, (b, s["src"]), generator=g) if s["src"] else None
     forward: Callable[[], Tensor]
     loss_fn: Callable[[], Tensor] | None = None
-    if impl in ("aiayn", "aiayn-torch-dropout"):  # aiayn's trainer path: hidden states, fused projection + loss
+    if impl in ("aiayn", ABLATION):  # aiayn's trainer path: hidden states, then the head's loss
         model = build_model(c)
-        flat = labels  # (B, T)
-        # hidden states and the output weight as this forward's graph holds it (aiayn.nn.tied_embedding); revisions
-        # from before output_weight (bench/ab_revisions.py runs this script against older ones) take the parameter
-        kw = {"output_weight": True} if "output_weight" in inspect.signature(model.forward).parameters else {}
-        outputs = ((lambda: model(src, tgt_in, compute_logits=False, **kw)) if src is not None
-                   else (lambda: model(tgt_in, compute_logits=False, **kw)))
+        if impl == "aiayn":
+            benchlib.for_training(model)  # as the trainer does (older revisions, timed by ab_revisions.py: built so)
+        hidden = ((lambda **kw: model(src, tgt_in, compute_logits=False, **kw)) if src is not None
+                  else (lambda **kw: model(tgt_in, compute_logits=False, **kw)))
+        summed = benchlib.training_loss(model, hidden, labels)  # (B, T) labels
 
         def loss_fn() -> Tensor:
-            out = outputs()
-            weight = out.output_weight if kw else model.lm_head.proj.weight
-            return linear_label_smoothed_nll(out.hidden, weight, flat, 0.0)[0] / flat.numel()
+            return summed() / labels.numel()
     elif impl == "torch.nn.Transformer":
         model = TorchSeq2Seq(c)
         forward = lambda: model(src, tgt_in)  # noqa: E731
@@ -214,28 +209,14 @@ def build_step(setup: str, impl: str, quick: bool = False, seed: int = 0, cfg: d
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
     def step() -> float:
-        with _torch_dropout_one_chunk() if impl == "aiayn-torch-dropout" else contextlib.nullcontext():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-                loss = loss_fn()
-            loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            loss = loss_fn()
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
     return step, b * s["tgt"]
-
-
-@contextlib.contextmanager
-def _torch_dropout_one_chunk() -> Iterator[None]:
-    """aiayn without its CPU dropout mask and 512-row loss chunks: ``torch.nn.functional.dropout`` and one 256 MB
-    chunk of logits (the "aiayn-torch-dropout" implementation, to measure what those two buy)."""
-    saved = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
-    aiayn_dropout.dropout = lambda x, p, training=True: F.dropout(x, p, training)
-    fused_loss.CPU_CHUNK_ROWS = 0
-    try:
-        yield
-    finally:
-        aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS = saved
 
 
 def measure_memory(setup: str, impl: str, quick: bool, dtype: str = "float32",
@@ -269,8 +250,8 @@ def _memory_worker(setup: str, impl: str, quick: bool, dtype: str, batch: int | 
 def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int = 5, warmup: int = 1,
                 memory: bool = True, peak_flops: float | None = None, cfg: dict[str, Any] | None = None,
                 shape: dict[str, int] | None = None, dtype: str = "float32", ablation: bool = True) -> dict[str, Any]:
-    """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation; aiayn against itself
-    with torch's dropout, ``aiayn-torch-dropout``, only when ``ablation``).
+    """The whole benchmark. Returns the JSON payload (rows: one per setup x implementation; aiayn against its own
+    reference core, ``aiayn-reference``, only when ``ablation``).
 
     ``cfg`` / ``shape`` override every setup's model config and sizes (smoke tests; with ``memory`` only a
     ``shape`` that sets nothing but ``batch``).
@@ -316,7 +297,6 @@ def bench_train(setups: list[str] | None = None, quick: bool = False, runs: int 
     return {"runs": runs, "quick": quick, "dtype": dtype, "rows": rows}
 
 
-ABLATION = "aiayn-torch-dropout"  # aiayn against itself, not a peer: --no-ablation leaves it out
 COLUMNS = ["setup", "impl", "dtype", "batch", "src", "tgt", "tok_s", "step_ms", "aiayn_speedup", "mfu", "peak_gflops",
            "peak_rss_mb", "delta_rss_mb"]
 
@@ -327,8 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     benchlib.add_common_args(p)  # --quick: tiny models (2 layers x 128), 3 runs
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=None)
     p.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory subprocesses")
-    p.add_argument("--no-ablation", action="store_true", help=f"leave out {ABLATION} (aiayn against itself with "
-                   "torch's dropout and one chunk of logits); run_all.py passes it")
+    p.add_argument("--no-ablation", action="store_true", help=f"leave out {ABLATION} (aiayn against its own "
+                   "reference core, without the CPU accelerator); run_all.py passes it")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: every implementation under torch.autocast, MFU against the bf16 matmul peak; "
                         "results go to train_throughput_bfloat16.json")

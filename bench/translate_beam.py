@@ -5,13 +5,16 @@ embeddings) at the same sizes with beam 4 and length penalty 0.6, on the same ra
 CTranslate2 share weights (the random Marian model is saved and converted with
 ``ctranslate2.converters.TransformersConverter``); aiayn has its own random weights (same shapes).
 
-Each system also runs in int8: aiayn's opt-in int8 inference (``aiayn.nn.quantize``, ``--int8`` on the command
-line) against CTranslate2 with ``compute_type="int8"``; int8 rows compare only with int8 rows (and with
+aiayn's contenders are the models ``load_pretrained`` gives users: the reference model accelerated for decoding
+(:func:`aiayn.accel.accelerate`; ``AIAYN_ACCEL=none`` in the environment times the reference instead).
+
+Each system also runs in int8: aiayn's opt-in int8 inference (:func:`aiayn.accel.quantize_int8`, ``--int8`` on the
+command line) against CTranslate2 with ``compute_type="int8"``; int8 rows compare only with int8 rows (and with
 transformers in fp32, which has no one-call int8 path for Marian's attention here).
 
 And in bf16: aiayn's ``--dtype bfloat16`` (``aiayn.nn.precision.cast_for_inference``: the whole model in bf16,
-every linear layer prepacked for oneDNN's bf16 kernels) against transformers' Marian model loaded in bf16
-(``dtype=torch.bfloat16``), same weights. CTranslate2 has no bf16 on CPU (its CPU compute types are int8, int16
+then accelerated: every linear layer prepacked for oneDNN's bf16 kernels) against transformers' Marian model loaded
+in bf16 (``dtype=torch.bfloat16``), same weights. CTranslate2 has no bf16 on CPU (its CPU compute types are int8, int16
 and float32), so ``bf16_ratio_vs_ct2_fastest`` compares aiayn's bf16 with CTranslate2's fastest run of any
 compute type and thread setting, int8 included. On a CPU without native bf16 matmuls (no AVX512-BF16 / AMX)
 bf16 is slower than fp32 for every system.
@@ -23,7 +26,7 @@ forced last); CTranslate2 gets ``min_decoding_length = max_decoding_length = out
 CTranslate2 runs in two thread settings, in fp32 and in int8 alike: like aiayn, one batch on all ``--threads``
 threads (``intra_threads``), and as CTranslate2 recommends for throughput, ``--threads`` workers of one thread each
 (``inter_threads``) with the batch split into that many parts (``max_batch_size``; at batch 1 this is simply one
-thread). Which is faster depends on the host: on the 2-core Intel host of the twenty-third session the split setting
+thread). Which is faster depends on the host: on a 2-core Intel Xeon host (2026-11-23) the split setting
 was 2.3x faster at batch 32 and one thread 4x faster at batch 1, so ``ratio_vs_ct2_best_config`` (and
 ``int8_ratio_vs_ct2_int8_best_config``) compares aiayn with the faster of the two; ``ratio_vs_ct2`` (and
 ``int8_ratio_vs_ct2_int8``) keeps the all-threads comparison.
@@ -32,10 +35,11 @@ A last timed entry, ``matmul-floor``, runs only the decoder's per-step linear la
 batch x beam rows for the same number of steps (:func:`benchlib.matmul_floor`): ``fp32_bound_vs_hf`` =
 transformers' time / that floor is the most an fp32 implementation of these matmuls *through F.linear* could gain
 over transformers (the encoder, attention and search are not even counted). aiayn's oneDNN-prepacked output layer
-(:mod:`aiayn.nn.packed`) is faster than ``F.linear``, so at batch 32 its share of the floor is not a bound on aiayn.
+(:mod:`aiayn.accel.cpu.packed`) is faster than ``F.linear``, so at batch 32 its share of the floor is not a bound on
+aiayn.
 
 Each library runs in its own subprocess (``rounds`` turns of all of them, ``runs`` timed decodes per turn after a
-warm-up): in one process, CTranslate2's threads alive beside torch's slowed aiayn's decode 4x (twelfth session),
+warm-up): in one process, CTranslate2's threads alive beside torch's slowed aiayn's decode 4x,
 and that process's order of contenders would decide the result. A library's variants (aiayn fp32, int8, bf16 and
 the matmul floor; transformers fp32 and bf16; CTranslate2's four settings) share its child one after another, each
 model freed before the next is built: a child per variant spent more of the suite starting interpreters and
@@ -68,17 +72,6 @@ import benchlib  # noqa: E402
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.generate import translate  # noqa: E402
 
-try:
-    from aiayn.nn.layout import cpu_inference_layout  # noqa: E402
-except ImportError:  # older revisions, timed by ab_revisions.py, had only the column-major layout
-    from aiayn.nn.layout import column_major_linears as cpu_inference_layout  # noqa: E402
-from aiayn.nn.quantize import quantize_int8  # noqa: E402
-
-try:
-    from aiayn.nn.precision import cast_for_inference  # noqa: E402
-except ImportError:  # older revisions, timed by ab_revisions.py, had no bf16 inference
-    cast_for_inference = None
-
 PAD, BOS, EOS = 0, 1, 2  # aiayn's special ids
 
 
@@ -100,12 +93,18 @@ SIZES = {
 }
 
 
-def aiayn_model(size: Seq2SeqSize) -> nn.Module:
-    """A random aiayn encoder-decoder of ``size`` (paper: post-LN, ReLU, sinusoidal, tied), in eval mode,
-    with the inference weight layout ``load_pretrained`` gives users (:mod:`aiayn.nn.layout`)."""
+def reference_model(size: Seq2SeqSize) -> nn.Module:
+    """A random aiayn encoder-decoder of ``size`` (paper: post-LN, ReLU, sinusoidal, tied): the reference core's
+    modules, in eval mode."""
     cfg = ModelConfig.preset("paper-base", d_model=size.d_model, d_ff=size.d_ff, n_heads=size.n_heads,
                              n_layers=size.n_layers, vocab_size=size.vocab_size, max_len=512, dropout=0.0)
-    return cpu_inference_layout(build_model(cfg).eval())
+    return build_model(cfg).eval()
+
+
+def aiayn_model(size: Seq2SeqSize, variant: str = "float32") -> nn.Module:
+    """:func:`reference_model` as ``load_pretrained`` gives it to users for decoding: accelerated, after its int8
+    copy (``variant`` "int8") or bf16 cast ("bfloat16") where asked (:func:`benchlib.for_decoding`)."""
+    return benchlib.for_decoding(reference_model(size), variant)
 
 
 def marian_model(size: Seq2SeqSize) -> Any:
@@ -291,40 +290,13 @@ def summarize(size: Seq2SeqSize, batch: int, out_len: int, times: dict[str, list
     }
 
 
-def run_case(size: Seq2SeqSize, ours: nn.Module, ours_int8: nn.Module, hf: Any, ct2: dict[str, Any], batch: int,
-             src_len: int, out_len: int, runs: int, warmup: int = 1, beam: int = 4,
-             alpha: float = 0.6, ours_bf16: nn.Module | None = None) -> dict[str, Any]:
-    """Time the systems on one batch size, all in this process; returns one result row.
-
-    In one process the peers' thread pools disturb each other (CTranslate2 alive beside torch slowed aiayn's
-    decode 4x in the twelfth session), so the benchmark itself times each contender in its own process
-    (:func:`time_contender`); this in-process version serves the profiler (``profile_decode.py``).
-    """
-    models = {"aiayn": ours, "aiayn-int8": ours_int8, "transformers": hf, "matmul-floor": ours,
-              **({"aiayn-bf16": ours_bf16} if ours_bf16 is not None else {}),
-              **{f"ctranslate2-{kind}": tr for kind, tr in ct2.items()}}
-    out: dict[str, Any] = {}
-    fns = {name: make_runner(name, models[name], size, batch, out_len, out, beam, alpha, src_len)
-           for name in CONTENDERS if name in models}
-    with contextlib.ExitStack() as masks:
-        for name in fns:
-            if name.startswith("aiayn"):
-                masks.enter_context(out[f"{name}-mask"])
-        times = benchlib.alternate(fns, runs=runs, warmup=warmup)
-    lengths = {name: output_lengths(name, out[name]) for name in fns if name != "matmul-floor"}
-    return summarize(size, batch, out_len, times, lengths, src_len)
-
-
 def load_contender(name: str, size: Seq2SeqSize | None, workdir: Path) -> Any:
     """Build contender ``name``'s model in this process: aiayn's from the seed, the peers' from ``workdir``
     (the Marian model saved and converted by :func:`save_and_convert`)."""
     if name in ("aiayn", "aiayn-int8", "aiayn-bf16", "matmul-floor"):
         assert size is not None
         torch.manual_seed(0)
-        ours = aiayn_model(size)
-        if name == "aiayn-bf16":
-            return cast_for_inference(ours, torch.bfloat16)
-        return quantize_int8(ours) if name == "aiayn-int8" else ours
+        return aiayn_model(size, {"aiayn-int8": "int8", "aiayn-bf16": "bfloat16"}.get(name, "float32"))
     if name.startswith("transformers"):
         from transformers import MarianMTModel
 
@@ -407,12 +379,12 @@ def bench_translate(sizes: list[Seq2SeqSize] | None = None, batches: tuple[int, 
     rows = []
     for size in sizes:
         torch.manual_seed(0)
-        aiayn_model(size)  # the Marian weights come after it in the seed's stream, as they always have
+        reference_model(size)  # the Marian weights come after it in the seed's stream, as they always have
         hf = marian_model(size)
         with tempfile.TemporaryDirectory(prefix="aiayn-bench-ct2-") as tmp:
             has_ct2 = save_and_convert(hf, Path(tmp))
             names = [n for n in CONTENDERS if (has_ct2 or not n.startswith("ctranslate2"))
-                     and (bf16 and cast_for_inference is not None or not n.endswith("-bf16"))]
+                     and (bf16 and benchlib.has_bf16_inference() or not n.endswith("-bf16"))]
             del hf
             got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for _ in range(rounds):

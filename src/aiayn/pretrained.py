@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from aiayn.accel import accelerate, quantize_int8
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
@@ -39,14 +40,16 @@ class Pretrained:
 
 
 def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False,
-                    dtype: str | torch.dtype = "float32") -> Pretrained:
+                    dtype: str | torch.dtype = "float32", accel: str | None = None) -> Pretrained:
     """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
 
     With ``int8=True`` the model's linear layers are dynamically quantized for CPU inference
-    (:func:`aiayn.nn.quantize.quantize_int8`: faster decoding, outputs close to but not equal to fp32).
+    (:func:`aiayn.accel.quantize_int8`: faster decoding, outputs close to but not equal to fp32).
     With ``dtype="bfloat16"`` (CPU or CUDA) or ``"float16"`` (CUDA) the whole model is cast for inference
     (:func:`aiayn.nn.precision.cast_for_inference`: faster where the hardware has fast bf16/fp16 matmuls,
-    outputs close to but not equal to fp32).
+    outputs close to but not equal to fp32). The model is then accelerated for decoding on its device
+    (:func:`aiayn.accel.accelerate`; ``accel="none"`` keeps the reference modules, default ``$AIAYN_ACCEL`` or
+    "auto").
 
     Raises:
         AiaynError: missing directory or files (names what is missing); int8 with a dtype other than float32;
@@ -76,15 +79,10 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
         tokenizers[role] = cache[name]
     model = model.to(device).eval()
     if int8:
-        from aiayn.nn.quantize import quantize_int8
-
         model = quantize_int8(model)
     elif dtype != torch.float32:
         from aiayn.nn.precision import cast_for_inference
 
-        cast_for_inference(model, dtype)  # which also gives a CPU model the decoding layout
-    elif next(model.parameters()).device.type == "cpu":
-        from aiayn.nn.layout import cpu_inference_layout
-
-        cpu_inference_layout(model)  # faster decoding matmuls on CPU (same values up to rounding)
+        cast_for_inference(model, dtype)
+    accelerate(model, "decode", accel)
     return Pretrained(model, config, tokenizers, meta)

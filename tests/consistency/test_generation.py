@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from aiayn import AiaynError, ModelConfig, build_model
+from aiayn.accel.cpu.topk import MIN_BLOCKED_ARGMAX
 from aiayn.generate import (
     LMStepper,
     decode_loop,
@@ -27,7 +28,6 @@ from aiayn.generate import (
     top_p_filter,
     translate,
 )
-from aiayn.generate.topk import MIN_BLOCKED_ARGMAX
 from aiayn.models import DecoderModel, EncoderDecoderModel
 
 PAD, BOS, EOS = 0, 1, 2
@@ -141,7 +141,7 @@ def reference_beam_search(model: EncoderDecoderModel, src: torch.Tensor, k: int,
 def test_batched_beam_search_matches_plain_reference(alpha: float, vocab: int, device: str) -> None:
     """Batched beam search (cache reordering, finished pools, sentences leaving the batch) follows the
     plain per-sentence reference exactly, including when it stops early. Vocabulary 3000 takes the blocked
-    top-k path (:mod:`aiayn.generate.topk`), with a partial last block. The reference runs on the CPU."""
+    top-k path (:mod:`aiayn.accel.cpu.topk`), with a partial last block. The reference runs on the CPU."""
     model = seq2seq(vocab=vocab)
     lengths = [7, 3, 5, 6, 2, 4]
     src = sources(vocab, lengths)

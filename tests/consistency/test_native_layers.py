@@ -1,21 +1,24 @@
-"""A decoding step's layers as native calls (aiayn.generate.native_step) equal the flat Python loop of
-aiayn.generate.fast_step, through both native products (few rows, many rows), for the variants they serve; the
-others keep the Python loop."""
+"""A decoding step's layers as native calls (aiayn.accel.cpu.native_step) equal the flat Python loop of
+aiayn.accel.cpu.fast_step, through both native products (few rows, many rows), for the variants they serve; the
+others keep the Python loop. The models are accelerated for decoding (:func:`aiayn.accel.accelerate`), whose stacks
+take the flat step by themselves; whole decodes also equal the reference model's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from aiayn import ModelConfig, build_model, native
-from aiayn.generate import LMStepper, Seq2SeqStepper, generate, native_step, translate
-from aiayn.generate.fast_step import FastEncoder
+from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu import native, native_step
+from aiayn.accel.cpu.fast_step import FastDecoderStep, FastEncoder
+from aiayn.accel.cpu.gemm import use_fp32_backend
+from aiayn.accel.cpu.packed import PackedLinear, unpack_output_layers
+from aiayn.accel.cpu.quantize import quantize_int8
+from aiayn.accel.cpu.settings import SETTINGS
+from aiayn.generate import LMStepper, Seq2SeqStepper, generate, translate
 from aiayn.generate.lm import left_pad
 from aiayn.generate.steppers import eval_mode
-from aiayn.nn.cpu_gemm import use_fp32_backend
-from aiayn.nn.layout import cpu_inference_layout
-from aiayn.nn.packed import PackedLinear, unpack_output_layers
-from aiayn.nn.quantize import quantize_int8
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
 
@@ -38,10 +41,16 @@ NOT_SERVED = {  # ... and some they leave to the Python loop (a position bias pe
 ROWS = {"few_rows": 1, "panel": 8}
 
 
-def _model(arch: str, **kw: object) -> torch.nn.Module:
+def _reference(arch: str, **kw: object) -> torch.nn.Module:
+    """The core's model, un-accelerated."""
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", arch=arch, vocab_size=61, d_model=128, n_heads=4, d_ff=256, **kw)
-    return cpu_inference_layout(build_model(cfg).eval())
+    return build_model(cfg).eval()
+
+
+def _model(arch: str, **kw: object) -> torch.nn.Module:
+    """The same weights, accelerated for decoding (as load_pretrained and the CLI give them)."""
+    return accelerate(_reference(arch, **kw), "decode", accel="auto")
 
 
 def _skip_unless_kernel(rows: str, model: torch.nn.Module) -> None:
@@ -82,17 +91,22 @@ def _steps(make_stepper, native_layers: bool, monkeypatch: pytest.MonkeyPatch, m
            n: int) -> list[torch.Tensor]:
     """Logits of a first step and four more with beam-like reorders in between (the first expands each of the n
     sentences to BEAMS beams)."""
-    monkeypatch.setenv(native_step.ENV_VAR, "1" if native_layers else "0")
+    monkeypatch.setattr(SETTINGS, "native_layers", bool(native_layers))
     g = torch.Generator().manual_seed(1)
-    with eval_mode(model):
+    flat_steps = []  # every step must take the flat step (FastDecoderStep), native layers or its Python loop
+    real_step = FastDecoderStep.__call__
+    with eval_mode(model), monkeypatch.context() as patch:
+        patch.setattr(FastDecoderStep, "__call__",
+                      lambda self, *a, **k: flat_steps.append(1) or real_step(self, *a, **k))
         stepper = make_stepper()
-        assert stepper.fast is not None
         logits = [stepper.first()]
         stepper.reorder(torch.arange(n).repeat_interleave(BEAMS), group=BEAMS)
         for _ in range(4):
             logits.append(stepper.step(torch.randint(3, 61, (BEAMS * n,), generator=g)))
             perm = torch.randint(0, BEAMS, (n, BEAMS), generator=g) + BEAMS * torch.arange(n)[:, None]
             stepper.reorder(perm.view(-1), same_sources=True, group=BEAMS)
+    # an encoder-decoder's first step too; a decoder-only model's prompt goes through the modules
+    assert len(flat_steps) == (5 if isinstance(stepper, Seq2SeqStepper) else 4)
     return logits
 
 
@@ -177,14 +191,16 @@ def test_variants_without_a_native_form_keep_the_python_loop(variant: str, monke
 
 
 def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole beam searches (sentences finish and leave the batch) and greedy generations, at few rows and many."""
+    """Whole beam searches (sentences finish and leave the batch) and greedy generations, at few rows and many; the
+    fp32 ones also equal the reference models'."""
     s2s, lm = _model("encoder-decoder"), _model("decoder", norm_position="pre", activation="gelu")
+    ref_s2s, ref_lm = _reference("encoder-decoder"), _reference("decoder", norm_position="pre", activation="gelu")
     s2s_int8, lm_int8 = quantize_int8(s2s), quantize_int8(lm)  # int8 copies too (a batch-1 step's rows only)
     src = torch.randint(3, 61, (9, 9), generator=torch.Generator().manual_seed(3))
     src[2, 4:] = 0
     tokens, scores = {}, {}
     for flag in ("0", "1"):
-        monkeypatch.setenv(native_step.ENV_VAR, flag)
+        monkeypatch.setattr(SETTINGS, "native_layers", flag == "1")
         hyps = [translate(s2s, s, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2) for s in (src[:1], src)]
         hyps.append(translate(s2s_int8, src[:1], beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2))
         gen = generate(lm, [[5, 6, 7], [8]] * 4, max_new_tokens=6, stop_ids=(), greedy=True)
@@ -193,25 +209,42 @@ def test_translate_and_generate_are_the_same_with_and_without(monkeypatch: pytes
         scores[flag] = torch.tensor([h.score for batch in hyps for sent in batch for h in sent])
     assert tokens["0"] == tokens["1"]
     torch.testing.assert_close(scores["1"], scores["0"], atol=1e-4, rtol=0)  # sums of ~10 log-probabilities
+    ref_hyps = [translate(ref_s2s, s, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=2) for s in (src[:1], src)]
+    ref_gen = generate(ref_lm, [[5, 6, 7], [8]] * 4, max_new_tokens=6, stop_ids=(), greedy=True)
+    assert tokens["1"][0][:2] == [[[h.tokens for h in sent] for sent in batch] for batch in ref_hyps]
+    assert tokens["1"][1][:8] == ref_gen
+    ref_scores = torch.tensor([h.score for batch in ref_hyps for sent in batch for h in sent])
+    torch.testing.assert_close(scores["1"][:len(ref_scores)], ref_scores, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("rows", list(ROWS))
 @pytest.mark.parametrize("variant", ["paper", "pre_gelu_learned", "gqa_no_positions", "deepnorm"])
 def test_native_encoder_equals_the_modules(variant: str, rows: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An encoder's pass as native calls, with padded sentences (the key mask) of 1 or 8 x 3 sentences."""
+    """An encoder's pass as native calls, with padded sentences (the key mask) of 1 or 8 x 3 sentences, equals the
+    reference model's; the accelerated model's own encoder takes it."""
+    reference = _reference("encoder-decoder", **SERVED[variant])
     model = _model("encoder-decoder", **SERVED[variant])
     _skip_unless_panels(model)  # 7 tokens a sentence: more rows than the few-row product takes, at either size
     n = BEAMS * ROWS[rows]  # as many sentences as the decoding tests have rows
     src = torch.randint(3, 61, (n, 7), generator=torch.Generator().manual_seed(4))
     src[0, 5:] = 0
-    monkeypatch.setenv(native_step.ENV_VAR, "1")
+    monkeypatch.setattr(SETTINGS, "native_layers", True)
+    encodes = []
+    real_encode = native_step.NativeLayers.encode
+    monkeypatch.setattr(native_step.NativeLayers, "encode",
+                        lambda self, *a, **k: encodes.append(1) or real_encode(self, *a, **k))
     with eval_mode(model):
         fast = FastEncoder.build(model.encoder)
         assert fast is not None
         got = fast(src, src != 0)
-        want, _, _ = model.encode(src, src != 0)
-    assert got is not None
+        assert got is not None and encodes == [1]
+        own, _, _ = model.encode(src, src != 0)
+        assert encodes == [1, 1]  # the accelerated encoder took the native pass by itself
+    with eval_mode(reference):
+        want, _, _ = reference.encode(src, src != 0)
+    assert encodes == [1, 1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(own, got, atol=0, rtol=0)
 
 
 def test_native_encoder_leaves_rope_and_unbuilt_cases_to_the_modules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,9 +252,9 @@ def test_native_encoder_leaves_rope_and_unbuilt_cases_to_the_modules(monkeypatch
     src = torch.randint(3, 61, (3, 7))
     with eval_mode(model):
         assert FastEncoder.build(model.encoder)(src, src != 0) is None  # RoPE: the modules
-        monkeypatch.setenv(native_step.ENV_VAR, "0")
+        monkeypatch.setattr(SETTINGS, "native_layers", False)
         assert FastEncoder.build(model.encoder)(src, src != 0) is None
-        monkeypatch.setenv(native_step.ENV_VAR, "1")
+        monkeypatch.setattr(SETTINGS, "native_layers", True)
         bf16 = _model("encoder-decoder").to(torch.bfloat16)
         assert FastEncoder.build(bf16.encoder)(src, src != 0) is None  # fp32 only
     assert FastEncoder.build(model.encoder) is None  # outside a decoding call's frozen block

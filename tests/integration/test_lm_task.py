@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -294,7 +293,7 @@ def test_bad_text_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, monkeypatch) -> None:
     """The fused loss keeps its CPU chunk buffers between steps; when training ends they are freed."""
-    from aiayn.train import fused_loss
+    from aiayn.accel.cpu import fused_loss
 
     sizes = []
     real = fused_loss._chunk_buffers
@@ -307,18 +306,3 @@ def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, 
     run_recipe(_recipe(tmp_path, corpus, "workspace"), [])
     assert sizes  # training went through the fused loss and its workspace ...
     assert getattr(fused_loss._cpu_workspace, "buffers", None) is None  # ... and gave it back at the end
-
-
-def test_greedy_screen_counts_the_candidates_of_a_trained_checkpoint(checkpoint: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import greedy_screen
-
-    out = greedy_screen.main(["--checkpoint", str(checkpoint), "--quick", "--new-tokens", "8", "--threads", "1"])
-    assert [r["batch"] for r in out["rows"]] == [1, 2]
-    assert out["rows"][0]["screen"] != "None"  # one row is screened on every CPU (two not without AVX-512)
-    for row in out["rows"]:  # every prompt's every step went through the screen, which changed no token
-        if row["screen"] == "None":
-            assert row["same"] and row["rows_screened"] == 0
-            continue
-        assert row["same"] and row["rows_screened"] == 8 * len(greedy_screen.PROMPTS)
-        assert 1 <= row["candidates_median"] <= row["candidates_max"]

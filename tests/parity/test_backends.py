@@ -10,9 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu import modules as cpu_modules
+from aiayn.accel.cpu import short_attention
+from aiayn.accel.cpu.modules import cpu_attention_kernel
 from aiayn.config import ARCHS, POSITIONS
 from aiayn.nn import masks as M
-from aiayn.nn import short_attention
 from aiayn.nn.attention import MultiHeadAttention, _expand_kv, scaled_dot_product_attention
 from aiayn.nn.positions import ALiBi, T5RelativeBias
 
@@ -86,9 +89,10 @@ def _empty_rows(mask: Tensor | None, is_causal: bool, s: int) -> Tensor:
 
 
 def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-         is_causal: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
+         is_causal: bool, kernel: Callable | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
     q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend, is_causal=is_causal)
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend, is_causal=is_causal,
+                                          kernel=kernel)
     (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
     return out.detach(), (q.grad, k.grad, v.grad)
 
@@ -104,11 +108,14 @@ LAYOUTS = [("none", H), ("none", 2), ("none", 1), ("alibi", 2), ("t5", 1)]
 @pytest.mark.parametrize("mask_name", list(MASKS))
 def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, kernel: str, device: str,
                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """kernel "torch": torch's fused kernel; "two-matmuls": :mod:`aiayn.nn.short_attention`, which trains CPU
-    attention over few keys (this grid has at most 12), and which the CPU takes here unless switched off."""
+    """kernel "torch": the core's fused kernel (torch's); "two-matmuls": :mod:`aiayn.accel.cpu.short_attention`,
+    which the CPU accelerator's kernel (:func:`~aiayn.accel.cpu.modules.cpu_attention_kernel`) trains CPU attention
+    over few keys with (this grid has at most 12)."""
     if kernel == "two-matmuls" and device != "cpu":
         pytest.skip("the two-matmul path serves CPU training only")
-    monkeypatch.setattr(short_attention, "MAX_KEYS", short_attention.MAX_KEYS if kernel == "two-matmuls" else 0)
+    served = []
+    real_attention = short_attention.attention
+    monkeypatch.setattr(short_attention, "attention", lambda *a, **kw: served.append(1) or real_attention(*a, **kw))
     mask, is_causal, s = MASKS[mask_name]()
     bias = _bias(bias_kind, s)
     q, k, v = torch.randn(B, H, T, DH), torch.randn(B, kv_heads, s, DH), torch.randn(B, kv_heads, s, DH)
@@ -116,7 +123,9 @@ def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, ke
     # the same inputs on every device; the kernels are the device's own
     mask, bias, q, k, v = (None if x is None else x.to(device) for x in (mask, bias, q, k, v))
     ref, ref_grads = _run("reference", q, k, v, mask, bias, is_causal)
-    fused, fused_grads = _run("sdpa", q, k, v, mask, bias, is_causal)
+    fused, fused_grads = _run("sdpa", q, k, v, mask, bias, is_causal,
+                              kernel=cpu_attention_kernel if kernel == "two-matmuls" else None)
+    assert bool(served) == (kernel == "two-matmuls")
     torch.testing.assert_close(fused, ref, atol=ATOL, rtol=0)
     for g_fused, g_ref in zip(fused_grads, ref_grads, strict=True):
         assert bool(torch.isfinite(g_fused).all()) and bool(torch.isfinite(g_ref).all())
@@ -268,10 +277,11 @@ def test_decoder_mask_variants_same_on_both_backends(position: str, extra: str) 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_cpu_low_precision_training_attends_in_float32(dtype: torch.dtype, autocast: bool) -> None:
-    """Trained in bf16/fp16 on CPU (a low-precision model, or float32 inputs under autocast), the fused backend
-    attends in float32 (torch's CPU flash kernel is far slower in bf16 with a backward) and hands back the
-    low-precision dtype: output and gradients equal float32 attention of the same rounded inputs, with a bias and a
-    padding mask. Without gradients it keeps the low-precision kernel."""
+    """Trained in bf16/fp16 on CPU (a low-precision model, or float32 inputs under autocast), the CPU accelerator's
+    kernel for the fused backend (:func:`~aiayn.accel.cpu.modules.cpu_attention_kernel`) attends in float32 (torch's
+    CPU flash kernel is far slower in bf16 with a backward) and hands back the low-precision dtype: output and
+    gradients equal float32 attention of the same rounded inputs, with a bias and a padding mask. Without gradients
+    it keeps the low-precision kernel."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, DH, generator=g).to(dtype) for _ in range(3))
     bias = torch.randn(1, H, T, T, generator=g)
@@ -281,7 +291,8 @@ def test_cpu_low_precision_training_attends_in_float32(dtype: torch.dtype, autoc
     def run(inputs: list[Tensor], autocast: bool) -> tuple[Tensor, list[Tensor]]:
         leaves = [x.clone().requires_grad_() for x in inputs]
         with torch.autocast("cpu", dtype=dtype, enabled=autocast):
-            out, _ = scaled_dot_product_attention(*leaves, mask=mask, bias=bias, backend="sdpa")
+            out, _ = scaled_dot_product_attention(*leaves, mask=mask, bias=bias, backend="sdpa",
+                                                  kernel=cpu_attention_kernel)
         out.backward(grad_out.to(out.dtype))
         return out, [x.grad for x in leaves]
 
@@ -292,4 +303,35 @@ def test_cpu_low_precision_training_attends_in_float32(dtype: torch.dtype, autoc
     for x, r in zip(got_grads, ref_grads):
         torch.testing.assert_close(x, r.to(dtype), rtol=0, atol=0)
     with torch.no_grad():
-        assert scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend="sdpa")[0].dtype == dtype
+        assert scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend="sdpa",
+                                            kernel=cpu_attention_kernel)[0].dtype == dtype
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_only_an_accelerated_model_trains_low_precision_attention_in_float32(arch: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 model accelerated for training attends in float32 on the CPU (every attention of a step), the
+    reference model in its own dtype through torch's kernel; both train to close losses."""
+    seen: list[torch.dtype] = []  # the dtype of every attention the accelerator's kernel serves
+    real_fused = cpu_modules.fused_attention
+    monkeypatch.setattr(cpu_modules, "fused_attention",
+                        lambda q, *a, **kw: seen.append(q.dtype) or real_fused(q, *a, **kw))
+    real_short = short_attention.attention
+    monkeypatch.setattr(short_attention, "attention",
+                        lambda q, *a, **kw: seen.append(q.dtype) or real_short(q, *a, **kw))
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", arch=arch, vocab_size=40, dropout=0.0)
+    reference = build_model(cfg).to(torch.bfloat16).train()
+    model = accelerate(build_model(cfg).to(torch.bfloat16).train(), "train", accel="auto")
+    model.load_state_dict(reference.state_dict())
+    ids = torch.randint(3, 40, (2, 9))
+    losses = []
+    for net in (reference, model):
+        out = net(ids, ids) if arch == "encoder-decoder" else net(ids)
+        loss = out.logits.float().square().mean()
+        loss.backward()
+        losses.append(loss.item())
+        if net is reference:
+            assert seen == []  # the core's attention: torch's kernel, in bf16
+    assert seen and set(seen) == {torch.float32}
+    assert losses[1] == pytest.approx(losses[0], rel=2e-2)

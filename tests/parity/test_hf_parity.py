@@ -49,6 +49,12 @@ def _additive(mask: Tensor) -> Tensor:
     return torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
 
 
+def _hf_causal(t: int) -> Tensor:
+    """(T, T) additive causal mask as HF builds it (0 on and below the diagonal, the fp32 minimum above), written
+    out here rather than from aiayn's ``causal_mask``, so the reference never shares our mask."""
+    return torch.full((t, t), torch.finfo(torch.float32).min).triu(diagonal=1)
+
+
 def _llama_config(head_dim: int = 8, heads: int = 4, kv_heads: int = 2, rope: dict | None = None,
                   max_pos: int = 256, **kw: object) -> LlamaConfig:
     params = {"rope_type": "default", "rope_theta": 10000.0, **(rope or {})}
@@ -133,7 +139,7 @@ def test_llama_attention_matches(rope: str, kv_heads: int) -> None:
     positions = torch.arange(t)[None] + torch.tensor([[0], [5]])  # (B, T)
     cos_sin = LlamaRotaryEmbedding(cfg)(x, positions)
     with torch.no_grad():
-        causal = _additive(M.causal_mask(t))[None, None]  # (1, 1, T, T)
+        causal = _hf_causal(t)[None, None]  # (1, 1, T, T)
         want, w_want = ref(x, position_embeddings=cos_sin, attention_mask=causal)
         rotary = RotaryEmbedding(8, 10000.0, **ours_kw)(positions)
         for backend in ("reference", "sdpa"):
@@ -224,7 +230,7 @@ def test_bloom_attention_matches_alibi(n_heads: int) -> None:
     x = torch.randn(b, t, 8 * n_heads)
     alibi = build_alibi_tensor(torch.ones(b, t), n_heads, torch.float32)  # (B*H, 1, T): slope * key position
     with torch.no_grad():
-        want, w_want = ref(x, torch.zeros_like(x), alibi, _additive(M.causal_mask(t))[None, None])
+        want, w_want = ref(x, torch.zeros_like(x), alibi, _hf_causal(t)[None, None])
         positions = torch.arange(t)[None]
         bias = ALiBi(n_heads)(positions, positions)  # (1, H, T, T): -slope * |i - j|
         for backend in ("reference", "sdpa"):
@@ -244,8 +250,9 @@ def test_bloom_attention_left_padding_matches_alibi() -> None:
     mask = M.combine(M.causal_mask(t), M.padding_mask(is_token))  # (B, 1, T, T)
     alibi = build_alibi_tensor(is_token.long(), n_heads, torch.float32)  # positions: cumsum - 1 on tokens
     positions = (is_token.long().cumsum(-1) - 1).clamp(min=0)
+    hf_mask = _hf_causal(t)[None, None] + _additive(is_token[:, None, None, :])  # (B, 1, T, T), not from ours
     with torch.no_grad():
-        want, _ = ref(x, torch.zeros_like(x), alibi, _additive(mask))
+        want, _ = ref(x, torch.zeros_like(x), alibi, hf_mask.clamp(min=torch.finfo(torch.float32).min))
         got, _ = ours(x, mask=mask, bias=ALiBi(n_heads)(positions, positions))
     torch.testing.assert_close(got[is_token], want[is_token], atol=ATOL, rtol=0)  # pad queries: no reference
 
@@ -299,11 +306,13 @@ def test_t5_attention_matches(is_decoder: bool, d_kv: int) -> None:
     x = torch.randn(b, t, 32)
     is_token = torch.arange(t)[None, :] < torch.tensor([[t], [7], [4]])  # right padding
     mask = M.padding_mask(is_token)
+    hf_mask = _additive(is_token[:, None, None, :])  # (B, 1, 1, T), written independently of aiayn's masks
     if is_decoder:
         mask = M.combine(mask, M.causal_mask(t))
+        hf_mask = (hf_mask + _hf_causal(t)).clamp(min=torch.finfo(torch.float32).min)  # (B, 1, T, T)
     positions = torch.arange(t)[None]
     with torch.no_grad():
-        want, _, w_want = ref(x, mask=_additive(mask))
+        want, _, w_want = ref(x, mask=hf_mask)
         bias = rel_bias(positions, positions)
         for backend in ("reference", "sdpa"):
             ours.backend = backend

@@ -1,17 +1,21 @@
 """Parity with torch.nn: our MultiHeadAttention vs nn.MultiheadAttention, the paper's model vs nn.Transformer.
 
 Weights are copied from the torch module into ours (or the reverse), then outputs must agree in fp32.
+torch's side always gets torch's own causal masking (``generate_square_subsequent_mask``, ``is_causal=True`` or a
+``triu`` written out here), never aiayn's ``causal_mask``: a wrong mask must not be able to agree with itself.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn import ModelConfig, build_model
+from aiayn.config import ModelConfig
+from aiayn.models.build import build_model
 from aiayn.nn import masks as M
-from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 D, H, B, T, S = 32, 4, 3, 5, 7
 ATOL = 1e-5
@@ -44,6 +48,11 @@ def _pair(cross: bool) -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
         _copy_linear(ours.qkv_proj, w, b)
     _copy_linear(ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)
     return ours.eval(), ref.eval()
+
+
+def _torch_future(t: int) -> Tensor:
+    """(T, T) bool in torch's convention (True = masked): the strictly upper triangle, written out here."""
+    return torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
 
 
 def _key_is_token(n_keys: int) -> Tensor:
@@ -83,12 +92,29 @@ def test_causal_self_attention_matches_torch(backend: str, how: str) -> None:
     ours, ref = _pair(cross=False)
     ours.backend = backend
     x = torch.randn(B, T, D)
-    causal = M.causal_mask(T)  # (T, T), True = may attend
-    want, _ = ref(x, x, x, attn_mask=~causal, need_weights=False)  # torch: True = masked
+    torch_causal = nn.Transformer.generate_square_subsequent_mask(T)  # (T, T) float, -inf above the diagonal
+    want, _ = ref(x, x, x, attn_mask=torch_causal, is_causal=True, need_weights=False)
     if how == "is_causal":
         got, _ = ours(x, is_causal=True)
     else:
-        got, _ = ours(x, mask=causal)
+        got, _ = ours(x, mask=M.causal_mask(T))  # aiayn's mask, held to torch's
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("t,s", [(T, T), (1, S), (3, S)], ids=["square", "step", "chunk"])
+def test_causal_attention_matches_torch_sdpa(backend: str, t: int, s: int) -> None:
+    """Against F.scaled_dot_product_attention: its own is_causal when square; with a cache (T < S) the T queries
+    are the last T positions, so query i may see keys j <= S - T + i (a tril written out here)."""
+    q, k, v = torch.randn(B, H, t, D // H), torch.randn(B, H, s, D // H), torch.randn(B, H, s, D // H)
+    if t == s:
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        allowed = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)  # (T, S), True = may attend
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    got, _ = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    got, _ = scaled_dot_product_attention(q, k, v, mask=M.causal_mask(t, s), backend=backend)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
@@ -96,8 +122,10 @@ def test_causal_and_padding_together_match_torch() -> None:
     ours, ref = _pair(cross=False)
     x = torch.randn(B, T, D)
     is_token = _key_is_token(T)
-    want, _ = ref(x, x, x, attn_mask=~M.causal_mask(T), key_padding_mask=~is_token, need_weights=False)
+    want, _ = ref(x, x, x, attn_mask=_torch_future(T), key_padding_mask=~is_token, need_weights=False)
     got, _ = ours(x, mask=M.padding_mask(is_token), is_causal=True)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    got, _ = ours(x, mask=M.combine(M.causal_mask(T), M.padding_mask(is_token)))
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
@@ -195,8 +223,8 @@ def test_paper_model_matches_torch_transformer(backend: str) -> None:
         out = model(src, tgt)
         src_x, tgt_x = _embed(model.encoder, src), _embed(model.decoder, tgt)
         memory = tr.encoder(src_x, src_key_padding_mask=src_pad)
-        want = tr.decoder(tgt_x, memory, tgt_mask=~M.causal_mask(T), memory_key_padding_mask=src_pad,
-                          tgt_is_causal=True)
+        want = tr.decoder(tgt_x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T),
+                          memory_key_padding_mask=src_pad, tgt_is_causal=True)
         ours_memory, _, _ = model.encode(src)
     real = ~src_pad
     torch.testing.assert_close(ours_memory[real], memory[real], atol=ATOL, rtol=0)

@@ -1,4 +1,4 @@
-"""aiayn.allocator: with keep_freed_memory, reallocating a large tensor costs no page faults (glibc only).
+"""aiayn.accel.cpu.allocator: with keep_freed_memory, reallocating a large tensor costs no page faults (glibc only).
 
 The setting changes the whole process, so every check runs in a fresh Python subprocess.
 """
@@ -32,9 +32,12 @@ glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0
 PROBE = textwrap.dedent("""
     import ctypes, json, os, resource, statistics, sys
     import torch
-    from aiayn import allocator
-    applied = {"keep": allocator.keep_freed_memory, "env": allocator.keep_freed_memory_unless_disabled,
-               "none": lambda: False}[sys.argv[1]]()
+    from aiayn import accel
+    from aiayn.accel.cpu import allocator
+    # "keep": the allocator's own call; "setup": what a command does (aiayn.accel.setup_process, AIAYN_ACCEL or
+    # "auto"); "setup-none": the same with acceleration off; "none": nothing
+    applied = {"keep": allocator.keep_freed_memory, "setup": accel.setup_process,
+               "setup-none": lambda: accel.setup_process("none"), "none": lambda: False}[sys.argv[1]]()
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in
@@ -122,35 +125,48 @@ def test_an_interposed_malloc_is_left_alone(tmp_path):
 
 
 @glibc
-def test_environment_switch_turns_it_off():
-    on = _probe("env")
+def test_acceleration_off_leaves_it_alone():
+    """Process set-up applies it unless acceleration is off, by argument (``--accel none``) or by AIAYN_ACCEL."""
+    on = _probe("setup", {"AIAYN_ACCEL": "auto"})
     if not on["glibc_malloc"]:
         assert not on["applied"] and not on["state"], on  # an interposed malloc: nothing to turn on or off
         pytest.skip(f"this process's malloc is not glibc's (interposed): {on['env']}")
-    assert on["applied"]
-    off = _probe("env", {"AIAYN_KEEP_FREED_MEMORY": "0"})
-    assert not off["applied"] and not off["state"] and off["faults"] > 8000
+    assert on["applied"] and on["state"]
+    for off in (_probe("setup-none", {"AIAYN_ACCEL": "auto"}), _probe("setup", {"AIAYN_ACCEL": "none"})):
+        assert not off["applied"] and not off["state"] and off["faults"] > 8000, off
+
+
+def test_a_bad_acceleration_setting_is_a_user_error():
+    """AIAYN_ACCEL is the one switch; a value that is not a choice is refused before anything is changed."""
+    code = ("from aiayn import accel; from aiayn.accel.cpu import allocator; from aiayn.errors import AiaynError\n"
+            "try:\n    accel.setup_process()\nexcept AiaynError as e:\n    print('refused', e)\n"
+            "print(allocator.keeps_freed_memory())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "AIAYN_ACCEL": "fast"})
+    refused, state = out.stdout.strip().splitlines()
+    assert refused.startswith("refused") and "AIAYN_ACCEL" in refused and "'fast'" in refused, refused
+    assert state == "False"
 
 
 def test_idempotent_and_truthful():
-    from aiayn import allocator
+    from aiayn.accel.cpu import allocator
 
-    code = "from aiayn import allocator as a; r = (a.keep_freed_memory(), a.keep_freed_memory()); " \
+    code = "from aiayn.accel.cpu import allocator as a; r = (a.keep_freed_memory(), a.keep_freed_memory()); " \
            "print(r[0] == r[1] == a.keeps_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
-    assert allocator.ENV_VAR == "AIAYN_KEEP_FREED_MEMORY"
+    assert not hasattr(allocator, "ENV_VAR")  # no switch of its own: acceleration's (aiayn.accel) decides
 
 
 @glibc
 def test_the_command_applies_it_unless_disabled(tmp_path):
-    code = ("import sys; from aiayn.cli.main import main; from aiayn import allocator; "
-            f"rc = main(['classify', '--checkpoint', {str(tmp_path / 'missing')!r}]); "
-            "print(rc, allocator.keeps_freed_memory(), allocator.malloc_is_glibcs())")
-
-    def run(env: dict[str, str]) -> str:
+    def run(env: dict[str, str], *options: str) -> str:
+        code = ("import sys; from aiayn.cli.main import main; from aiayn.accel.cpu import allocator; "
+                f"rc = main(['classify', '--checkpoint', {str(tmp_path / 'missing')!r}, *{list(options)!r}]); "
+                "print(rc, allocator.keeps_freed_memory(), allocator.malloc_is_glibcs())")
+        environ = {k: v for k, v in os.environ.items() if k != "AIAYN_ACCEL"}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={**os.environ, **env})
+                             env={**environ, **env})
         return out.stdout.strip().splitlines()[-1]
 
     on = run({})
@@ -158,4 +174,5 @@ def test_the_command_applies_it_unless_disabled(tmp_path):
         assert on == "2 False False"
         pytest.skip("this process's malloc is not glibc's (interposed)")
     assert on == "2 True True"  # a user error (no such checkpoint), after the command set the allocator up
-    assert run({"AIAYN_KEEP_FREED_MEMORY": "0"}) == "2 False True"
+    assert run({}, "--accel", "none") == "2 False True"
+    assert run({"AIAYN_ACCEL": "none"}) == "2 False True"

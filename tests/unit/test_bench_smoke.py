@@ -9,27 +9,24 @@ import gc
 import importlib.util
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from aiayn import native
-from aiayn.nn import cpu_gemm
+from aiayn import accel
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 pytest.importorskip("transformers")
 import ab_revisions  # noqa: E402
-import allocator as allocator_bench  # noqa: E402
 import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
-import native_layers  # noqa: E402
-import profile_decode  # noqa: E402
 import run_all  # noqa: E402
 import train_step_profile  # noqa: E402
 import train_throughput  # noqa: E402
@@ -72,7 +69,7 @@ def test_alternate_starts_every_timed_run_with_the_garbage_collector_settled() -
 def test_matmul_peak_counts_flops() -> None:
     out = matmul_peak.matmul_peak(n=64, runs=2, warmup=0)
     assert out["median_flops"] > 0 and out["best_flops"] >= out["median_flops"]
-    from aiayn.nn.cpu_gemm import onednn_available
+    from aiayn.accel.cpu.gemm import onednn_available
 
     libraries = out["by_library"]
     assert set(libraries) == ({"torch.mm", "onednn"} if onednn_available() else {"torch.mm"})
@@ -123,6 +120,38 @@ def test_matmul_floor_covers_each_step_weight_once() -> None:
     benchlib.matmul_floor(per_step, rows=3, steps=2)()  # runs
 
 
+def test_aiayn_contenders_are_the_models_users_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding contenders are accelerated as ``load_pretrained`` does it (int8: its quantized copy, accelerated);
+    ``AIAYN_ACCEL=none`` times the reference core instead."""
+    size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
+    assert benchlib.has_accel_api()
+    assert accel.substituted(translate_beam.aiayn_model(size))
+    assert not accel.substituted(translate_beam.reference_model(size))
+    assert accel.substituted(translate_beam.aiayn_model(size, "int8")).get("Int8Linear")
+    assert accel.substituted(generate_lm.build_pair(TINY_LM)[0])
+    assert not accel.substituted(generate_lm.build_pair(TINY_LM, variant=None)[0])
+    with pytest.raises(ValueError, match="variant"):
+        benchlib.for_decoding(translate_beam.reference_model(size), "int4")
+    monkeypatch.setenv(accel.ENV_VAR, "none")
+    assert not accel.substituted(translate_beam.aiayn_model(size))
+
+
+def test_train_bench_aiayn_is_accelerated_and_agrees_with_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"aiayn" trains the model accelerated as the trainer does, its loss through ``lm_head.loss``; the ablation
+    ("aiayn-reference") is the reference core, and both give the same losses up to float rounding."""
+    accelerated: list[torch.nn.Module] = []
+    real = benchlib.for_training
+    monkeypatch.setattr(benchlib, "for_training", lambda m: accelerated.append(real(m)) or accelerated[-1])
+    cfg = dict(d_model=32, d_ff=64, n_heads=2, n_layers=1, vocab_size=120, max_len=64, dropout=0.0)
+    losses = {}
+    for setup in ("seq2seq-paper-base", "lm-gpt2-small"):
+        for impl in ("aiayn", train_throughput.ABLATION):
+            step, _ = train_throughput.build_step(setup, impl, cfg=cfg, shape=dict(batch=2, src=5, tgt=6))
+            losses[setup, impl] = [step() for _ in range(3)]
+        assert losses[setup, "aiayn"] == pytest.approx(losses[setup, train_throughput.ABLATION], rel=1e-4)
+    assert len(accelerated) == 2 and all(accel.substituted(m).get("CPULMHead") for m in accelerated)
+
+
 def test_translate_bench_forces_equal_lengths() -> None:
     size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
     out = translate_beam.bench_translate([size], batches=(2,), src_len=5, out_len=4, rounds=1, runs=1, warmup=0)
@@ -158,24 +187,6 @@ def test_translate_bench_batches_option_names_its_own_results(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         translate_beam.main(["--batches", "0", "--sizes", "multi30k"])
     assert "positive numbers of sentences" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
-def test_few_rows_linears_bench_times_both_layouts_and_compares_their_tokens() -> None:
-    import few_rows_linears
-
-    with cpu_gemm.use_fp32_backend("torch"):  # the layout of a host where oneDNN is not the fp32 backend
-        row = few_rows_linears.bench_case("multi30k:1", runs=2, quick=True)
-    assert row["same"] and row["layers_made"] > 0 and row["plain_ms"] > 0 and row["few_rows_ms"] > 0
-    assert len(row["times"]["plain"]) == len(row["times"]["few_rows"]) == 2  # one round each way round
-
-
-@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
-def test_native_layers_bench_times_both_paths_and_compares_their_tokens() -> None:
-    row = native_layers.bench_case("multi30k:1", runs=1, quick=True)
-    assert row["native_layers_used"] and row["same"] and row["python_loop_ms"] > 0 and row["native_layers_ms"] > 0
-    assert len(row["times"]["python"]) == len(row["times"]["native"]) == 1
-    assert os.environ.get("AIAYN_NATIVE_LAYERS") is None  # the flag is not left behind
 
 
 def test_ab_revisions_times_a_fixed_length_decode_and_checks_its_cases() -> None:
@@ -265,13 +276,6 @@ def test_multi30k_loader_on_real_data(shared_data: Path) -> None:
     assert len(src) == len(tgt) > 150 and vocab <= 300 and set(prep) == {"read_s", "tokenizer_s", "encode_s"}
 
 
-def test_profile_summary_fields() -> None:
-    a = torch.randn(32, 32)
-    s = profile_decode.profile_fn(lambda: torch.relu(a @ a).sum(), steps=2, repeats=1, top=3)
-    assert s["gemm_attention_ms_per_step"] > 0 and s["aten_calls_per_step"] >= 1
-    assert len(s["top_aten"]) == 3 and s["top_python"]
-
-
 def test_train_step_profile_splits_kernel_time() -> None:
     row = train_step_profile.profile_setup("lm-gpt2-small", steps=1, quick=True, batch=12, rounds=1)  # own batch: 8
     assert row["batch"] == 12 and row["matmul_ms"] > 0 and row["other_ms"] > 0 and row["attention_ms"] > 0
@@ -284,7 +288,7 @@ def test_recorded_products_replay_the_same_calls_on_fresh_operands(monkeypatch: 
     """Every product of a step is recorded in order with its operands' shapes and strides (a transposed operand
     stays transposed; ``out=`` and in-place products keep their targets' layout), the native panel kernel's too,
     and nothing else; the replay runs the same products on operands of its own."""
-    from aiayn import native
+    from aiayn.accel.cpu import native
 
     seen = []
     monkeypatch.setattr(native, "panel_linear_once",
@@ -312,7 +316,9 @@ def test_recorded_products_replay_the_same_calls_on_fresh_operands(monkeypatch: 
 def test_run_all_knows_every_script() -> None:
     for name in run_all.SCRIPTS:
         assert (BENCH / f"{name}.py").is_file()
-    assert set(run_all.DEFAULT_SCRIPTS) == set(run_all.SCRIPTS) - {"profile_decode"}  # a diagnosis: --only
+    assert set(run_all.EXTRA_ARGS) <= set(run_all.SCRIPTS)
+    for name in set(re.findall(r"`(\w+\.py)`", (BENCH / "README.md").read_text())):  # no deleted script described
+        assert (BENCH / name).is_file(), name
 
 
 def test_train_bench_leaves_out_the_ablation_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,76 +351,6 @@ def test_train_bench_batch_override_reaches_the_memory_workers(monkeypatch: pyte
         train_throughput.bench_train(["lm-gpt2-small"], quick=True, memory=True, shape={"batch": 3, "tgt": 8})
 
 
-def test_train_bench_torch_dropout_variant_swaps_dropout_and_chunks_back() -> None:
-    from aiayn.nn import dropout as aiayn_dropout
-    from aiayn.train import fused_loss
-
-    fast, chunk = aiayn_dropout.dropout, fused_loss.CPU_CHUNK_ROWS
-    with train_throughput._torch_dropout_one_chunk():
-        assert aiayn_dropout.dropout is not fast and fused_loss.CPU_CHUNK_ROWS == 0
-        torch.manual_seed(0)
-        x = torch.ones(1000)
-        y = aiayn_dropout.Dropout(0.5)(x)  # the module looks the function up at call time
-        torch.manual_seed(0)
-        assert torch.equal(y, torch.nn.functional.dropout(x, 0.5, True))
-    assert aiayn_dropout.dropout is fast and fused_loss.CPU_CHUNK_ROWS == chunk
-
-
-def test_cpu_train_kernels_bench_runs() -> None:
-    import cpu_train_kernels
-
-    out = cpu_train_kernels.bench_kernels(quick=True, runs=1)
-    (row,) = out["rows"]
-    assert row["dropout_speedup"] > 0 and row["loss_512_rows_ms"] > 0 and row["loss_one_chunk_ms"] > 0
-    assert row["loss_512_rows_faults"] >= 0
-    attention = out["attention_rows"]
-    assert [(r["keys"], r["mask"]) for r in attention] == [(16, "causal"), (16, "padding"), (32, "causal"),
-                                                            (32, "padding")]
-    assert all(r["flash_ms"] > 0 and r["two_matmuls_ms"] > 0 and r["served_by_two_matmuls"] for r in attention)
-    (row,) = cpu_train_kernels.time_shape(*cpu_train_kernels.QUICK_SHAPES[0], runs=1, bf16=False),
-    assert row["dropout_aiayn_ms"] > 0 and row["attn_fp32_ms"] > 0
-    assert all(math.isnan(row[f"{k}_ms"]) for k in cpu_train_kernels.BF16_KEYS)  # not timed without bf16
-    assert row["logits_blas_ms"] > 0
-    if native.library() is not None:
-        assert row["logits_native_ms"] > 0 and row["loss_512_rows_blas_ms"] > 0
-    limit = cpu_gemm.NATIVE_FORWARD_MIN_OUT
-    with cpu_train_kernels.blas_forward():
-        assert not cpu_gemm.native_forward_applies(torch.randn(512, 64), torch.randn(50000, 64))
-    assert cpu_gemm.NATIVE_FORWARD_MIN_OUT == limit
-
-
-def test_beam_row_top_bench_runs_and_restores_beam_search() -> None:
-    import beam_row_top
-    from translate_beam import Seq2SeqSize
-
-    import aiayn.generate.beam as beam_module
-    from aiayn.generate.topk import row_topk
-
-    tiny = Seq2SeqSize("tiny", 32, 64, 2, 1, 3000)  # vocab 3000: the blocked top-k path
-    out = beam_row_top.bench_row_topk([tiny], (2,), runs=1)
-    (row,) = out["rows"]
-    assert row["same_output"] and row["decode_speedup"] > 0 and row["kernel_speedup"] > 0
-    assert beam_module.row_topk is row_topk
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
-def test_output_layer_bench_times_every_variant_and_decodes_the_same() -> None:
-    import output_layer
-
-    (kernel,) = output_layer.kernel_rows([("tiny", 32, 3000)], (2,), runs=1)
-    assert kernel["row_major_ms"] > 0 and kernel["column_major_ms"] > 0 and kernel["packed_ms"] > 0
-    (row,) = output_layer.decode_rows((2,), 4, runs=1, size=TINY_LM)
-    assert row["same_output"] and row["speedup"] > 0
-
-
-def test_allocator_bench_times_both_settings_in_fresh_processes() -> None:
-    out = allocator_bench.main(["--quick", "--rounds", "1", "--runs", "1", "--workloads", "beam-paper-base"])
-    assert out is not None
-    (row,) = out["rows"]
-    assert row["impl"] == "aiayn" and row["default_s"] > 0 and row["kept_s"] > 0
-    assert {k: len(v) for k, v in row["times"].items()} == {"default": 1, "kept": 1}
-
-
 def test_malloc_option_reaches_every_process_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--malloc keep-freed`` is exported, so each contender's subprocess applies it in ``benchlib.setup``."""
     import argparse
@@ -427,10 +363,10 @@ def test_malloc_option_reaches_every_process_of_the_run(monkeypatch: pytest.Monk
     assert p.parse_args(["--malloc", "keep-freed"]).malloc == "keep-freed"
     assert os.environ[benchlib.MALLOC_ENV] == "keep-freed" == benchlib.malloc_setting()
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import benchlib; benchlib.setup(1); "
-            "from aiayn.allocator import keeps_freed_memory; "
+            "from aiayn.accel.cpu.allocator import keeps_freed_memory; "
             "print(benchlib.machine_info()['malloc'], keeps_freed_memory())")
     out = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, check=True)
-    from aiayn.allocator import malloc_is_glibcs
+    from aiayn.accel.cpu.allocator import malloc_is_glibcs
 
     assert out.stdout.split() == ["keep-freed", str(malloc_is_glibcs())]
     monkeypatch.setenv(benchlib.MALLOC_ENV, "jemalloc")
@@ -440,58 +376,21 @@ def test_malloc_option_reaches_every_process_of_the_run(monkeypatch: pytest.Monk
 
 def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--base-env`` / ``--head-env``: one revision timed under two settings, each child getting only its own."""
-    parsed = ab_revisions.parse_env(["AIAYN_FP32_CPU_GEMM=torch", "X=a=b"])
-    assert parsed == {"AIAYN_FP32_CPU_GEMM": "torch", "X": "a=b"}
+    parsed = ab_revisions.parse_env(["AIAYN_ACCEL=none", "X=a=b"])
+    assert parsed == {"AIAYN_ACCEL": "none", "X": "a=b"}
     with pytest.raises(SystemExit, match="NAME=VALUE"):
-        ab_revisions.parse_env(["AIAYN_FP32_CPU_GEMM"])
+        ab_revisions.parse_env(["AIAYN_ACCEL"])
     seen: list[tuple[str | None, str]] = []
 
     def fake_child(cmd: list[str], env: dict[str, str]) -> dict:
-        seen.append((env.get("AIAYN_FP32_CPU_GEMM"), env["PYTHONPATH"]))
+        seen.append((env.get("AIAYN_ACCEL"), env["PYTHONPATH"]))
         return {"times": [1.0], "units": 1, "digest": "d"}
 
     monkeypatch.setattr(ab_revisions.benchlib, "run_json_child", fake_child)
     payload = ab_revisions.bench_ab("WORKTREE", "WORKTREE", ["multi30k:1"], rounds=2, runs=1, threads=1,
-                                    base_env={"AIAYN_FP32_CPU_GEMM": "torch"},
-                                    head_env={"AIAYN_FP32_CPU_GEMM": "onednn"})
-    assert [backend for backend, _ in seen] == ["torch", "onednn", "torch", "onednn"]
+                                    base_env={"AIAYN_ACCEL": "none"}, head_env={"AIAYN_ACCEL": "auto"})
+    assert [setting for setting, _ in seen] == ["none", "auto", "none", "auto"]
     assert {path for _, path in seen} == {str(ab_revisions.REPO / "src")}
-    assert payload["base_env"] == {"AIAYN_FP32_CPU_GEMM": "torch"} and payload["rows"][0]["same_output"]
+    assert payload["base_env"] == {"AIAYN_ACCEL": "none"} and payload["rows"][0]["same_output"]
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
-def test_decode_kernels_times_every_linear_path_both_argmax_and_both_attention_ways() -> None:
-    import decode_kernels
-
-    (row,) = decode_kernels.linear_rows([("tiny", 32, 48)], (2,), runs=1)
-    paths = ["row_major_us", "column_major_us", "onednn_us", "onednn_packed_us", "onednn_autograd_us", "aiayn_us"]
-    from aiayn import native
-
-    if native.library() is not None:
-        paths.insert(-1, "native_panel_us")
-    assert all(row[k] > 0 for k in paths) and row["fastest"] + "_us" in paths[:-1]
-    from aiayn.generate.screened_argmax import screen_dtype
-
-    rows = decode_kernels.argmax_rows([("tiny", 32, 500)], (1, 2), runs=1)
-    screened = [m for m in (1, 2) if screen_dtype(m, 1 << 62) is not None]  # (no 2-row screen without AVX-512)
-    assert [r["rows"] for r in rows] == screened and screened and all(r["same"] for r in rows)
-    assert all(r["fp32_us"] > 0 and r["screened_us"] > 0 for r in rows)
-    rows = decode_kernels.attention_rows([("tiny", 8, 2, 16, 6)], runs=1)
-    assert [(r["kind"], r["keys"]) for r in rows] == [("self", 5), ("self", 6), ("cross", 6)]
-    assert all(r["flash_us"] > 0 and r["two_matmuls_us"] > 0 for r in rows)
-    q, k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(decode_kernels.two_matmuls(q, k, v), expected)
-
-
-def test_greedy_screen_compares_screened_and_fp32_generations() -> None:
-    import greedy_screen
-
-    import aiayn.generate.screened_argmax as screened
-
-    default = dict(screened.MIN_FP16_SCREENED_WEIGHTS), screened.MIN_BF16_SCREENED_WEIGHTS
-    out = greedy_screen.main(["--quick", "--runs", "1", "--new-tokens", "4"])
-    assert (screened.MIN_FP16_SCREENED_WEIGHTS, screened.MIN_BF16_SCREENED_WEIGHTS) == default
-    assert screened.ENV_SWITCH not in os.environ
-    assert [r["batch"] for r in out["rows"]] == [1, 2] and all(r["same"] for r in out["rows"])
-    assert all(r["screened_tok_s"] > 0 and r["fp32_tok_s"] > 0 and not r["screened_by_default"] for r in out["rows"])

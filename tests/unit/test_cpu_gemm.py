@@ -1,4 +1,4 @@
-"""The fp32 CPU matmul policy (aiayn.nn.cpu_gemm): oneDNN where it beats torch's BLAS, torch's everywhere else.
+"""The fp32 CPU matmul policy (aiayn.accel.cpu.gemm): oneDNN where it beats torch's BLAS, torch's everywhere else.
 
 Every oneDNN path must equal torch's up to float rounding: linear layers forward and backward, the fused projection +
 loss, whole models in training and inference (packed by size), decoding, int8 quantization of such a model. The
@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn import ModelConfig, build_model, native
-from aiayn.generate import generate, translate
-from aiayn.nn import cpu_gemm
-from aiayn.nn.cpu_gemm import (
+from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate, substituted
+from aiayn.accel.cpu import gemm as cpu_gemm
+from aiayn.accel.cpu import native
+from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
+from aiayn.accel.cpu.gemm import (
     fp32_backend,
     fp32_inference_backend,
     linear,
@@ -27,10 +29,10 @@ from aiayn.nn.cpu_gemm import (
     use_fp32_backend,
     weight_gradient,
 )
-from aiayn.nn.layout import cpu_inference_layout
-from aiayn.nn.packed import MIN_ONEDNN_MACS, MIN_ONEDNN_MACS_FEW_ROWS, PackedLinear, frozen_weights
-from aiayn.nn.quantize import quantize_int8
-from aiayn.train.fused_loss import linear_label_smoothed_nll
+from aiayn.accel.cpu.packed import MIN_ONEDNN_MACS, MIN_ONEDNN_MACS_FEW_ROWS, PackedLinear, frozen_weights
+from aiayn.accel.cpu.quantize import quantize_int8
+from aiayn.accel.cpu.settings import SETTINGS
+from aiayn.generate import generate, translate
 from aiayn.train.losses import label_smoothed_nll
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
@@ -43,7 +45,7 @@ def _auto(monkeypatch: pytest.MonkeyPatch, vendor: str, capability: str) -> tupl
         cache.cache_clear()
     monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.delenv(cpu_gemm.ENV_VAR, raising=False)
+    monkeypatch.setattr(SETTINGS, "fp32_gemm", "auto")
     try:
         return fp32_backend(), fp32_inference_backend()
     finally:
@@ -66,17 +68,17 @@ def test_auto_trains_through_onednn_only_for_mkl_on_amd_with_avx512_and_decodes_
 
 
 def test_the_environment_and_the_context_override_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_gemm.ENV_VAR, "torch")
+    monkeypatch.setattr(SETTINGS, "fp32_gemm", "torch")
     assert fp32_backend() == "torch"
-    monkeypatch.setenv(cpu_gemm.ENV_VAR, "onednn")
+    monkeypatch.setattr(SETTINGS, "fp32_gemm", "onednn")
     assert fp32_backend() == ("onednn" if onednn_available() else "torch")
     assert fp32_inference_backend() == fp32_backend()  # the override sets both
     with use_fp32_backend("torch"):
         assert fp32_backend() == fp32_inference_backend() == "torch"
-    monkeypatch.setenv(cpu_gemm.ENV_VAR, "blas")
-    with pytest.raises(ValueError, match="AIAYN_FP32_CPU_GEMM='blas': choose one of auto, onednn, torch"):
+    monkeypatch.setattr(SETTINGS, "fp32_gemm", "blas")
+    with pytest.raises(ValueError, match="fp32_gemm='blas': choose one of auto, onednn, torch"):
         fp32_backend()
-    with pytest.raises(ValueError, match="AIAYN_FP32_CPU_GEMM='blas'"):
+    with pytest.raises(ValueError, match="fp32_gemm='blas'"):
         fp32_inference_backend()
     with pytest.raises(ValueError, match="choose one of"):
         with use_fp32_backend("mkl"):
@@ -139,21 +141,28 @@ def _config(arch: str) -> ModelConfig:
     return ModelConfig.preset("tiny", arch=arch, vocab_size=300, d_model=64, d_ff=256, **kw)
 
 
-def _build(arch: str, backend: str) -> nn.Module:
+def _build(arch: str, backend: str, purpose: str | None = None) -> nn.Module:
+    """The reference model (``purpose`` None) or the CPU-accelerated one for "train" or "decode" (in eval mode), its
+    layers chosen under ``backend``; the same weights whichever."""
     torch.manual_seed(0)
     with use_fp32_backend(backend):
-        return build_model(_config(arch))
+        model = build_model(_config(arch))
+        if purpose is None:
+            return model
+        return accelerate(model.eval() if purpose == "decode" else model, purpose, accel="auto")
 
 
 @needs_onednn
 @pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
-def test_build_model_uses_onednn_linears_only_where_it_is_the_backend(arch: str) -> None:
-    fast, plain = _build(arch, "onednn"), _build(arch, "torch")
+def test_training_acceleration_uses_onednn_linears_only_where_it_is_the_backend(arch: str) -> None:
+    fast, plain, reference = _build(arch, "onednn", "train"), _build(arch, "torch", "train"), _build(arch, "torch")
     linears = [m for m in fast.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is PackedLinear for m in linears)
     assert not any(type(m) is PackedLinear for m in plain.modules())
-    assert fast.state_dict().keys() == plain.state_dict().keys()
-    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), plain.state_dict().values()))
+    assert not substituted(reference)  # the core alone builds plain layers
+    for other in (plain, reference):
+        assert fast.state_dict().keys() == other.state_dict().keys()
+        assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), other.state_dict().values()))
     if arch != "encoder":  # the output layer stays tied to the embedding table
         embed = fast.tgt_embed if arch == "encoder-decoder" else fast.embed
         assert fast.lm_head.proj.weight is embed.weight
@@ -168,7 +177,7 @@ def test_training_steps_match_between_backends(arch: str) -> None:
     ids = torch.randint(3, 300, (4, 12))
     losses, params = {}, {}
     for backend in ("onednn", "torch"):
-        model = _build(arch, backend).train()
+        model = _build(arch, backend, "train").train()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         losses[backend] = []
         with use_fp32_backend(backend):
@@ -192,7 +201,7 @@ def test_inference_packs_by_size_and_matches_torch(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(native, "panel_linear_preferred", lambda: False)  # oneDNN's products, as with AVX-512
     plain = _build("decoder", "torch").eval()
     with use_fp32_backend("onednn"):
-        fast = cpu_inference_layout(copy.deepcopy(plain))
+        fast = accelerate(copy.deepcopy(plain), "decode", accel="auto")
         ffn_in = fast.decoder.layers[0].ffn.w_in
         assert type(ffn_in) is PackedLinear
         for ids in (torch.randint(3, 300, (1, 1)), torch.randint(3, 300, (4, 40))):
@@ -212,8 +221,9 @@ def test_decoding_and_int8_agree_between_backends() -> None:
     src = torch.randint(4, 300, (3, 9))
     prompts = [[5, 6, 7], [8, 9]]
     with use_fp32_backend("onednn"):
-        s2s = cpu_inference_layout(_build("encoder-decoder", "onednn").eval())
-        lm = cpu_inference_layout(_build("decoder", "onednn").eval())
+        s2s = _build("encoder-decoder", "onednn", "decode")
+        lm = _build("decoder", "onednn", "decode")
+        assert type(lm.decoder.layers[0].ffn.w_in) is PackedLinear
         beams = translate(s2s, src, beam_size=4, max_len_b=10)
         tokens = generate(lm, prompts, max_new_tokens=8, greedy=True)
         int8 = quantize_int8(lm)
@@ -229,7 +239,7 @@ def test_decoding_and_int8_agree_between_backends() -> None:
 def _count_kernels(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count which kernel serves each linear call: BLAS (``F.linear``), oneDNN packed, oneDNN unpacked, or the
     autograd wrapper around oneDNN (``OneDNNLinear``)."""
-    from aiayn.nn import packed
+    from aiayn.accel.cpu import packed
 
     calls = {"blas": 0, "packed": 0, "unpacked": 0, "autograd": 0}
 
@@ -310,9 +320,11 @@ def test_models_made_cast_or_reloaded_under_inference_mode(backend: str) -> None
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
     with use_fp32_backend(backend), torch.inference_mode():
-        built_inside = cpu_inference_layout(_build("decoder", backend).eval())
+        built_inside = _build("decoder", backend, "decode")
+        assert type(built_inside.decoder.layers[0].ffn.w_in) is PackedLinear
         torch.testing.assert_close(built_inside(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
-        cast = cast_for_inference(copy.deepcopy(reference), "float32")
+        cast = accelerate(cast_for_inference(copy.deepcopy(reference), "float32"), "decode", accel="auto")
+        assert type(cast.decoder.layers[0].ffn.w_in) is PackedLinear
         torch.testing.assert_close(cast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)  # packs
         cast.load_state_dict(other.state_dict())  # an in-place copy, inside inference mode
         torch.testing.assert_close(cast(ids).logits, other(ids).logits, rtol=1e-4, atol=1e-4)
@@ -325,7 +337,8 @@ def test_the_packed_copy_follows_optimizer_steps_fused_ones_too(fused: bool) -> 
     evaluation between training steps must still see the current weights, not the packed copy of the first one."""
     ids = torch.randint(3, 300, (4, 40))  # large enough for every layer's packed kernel
     with use_fp32_backend("onednn"):
-        model = _build("decoder", "onednn")
+        model = _build("decoder", "onednn", "train")
+        assert type(model.decoder.layers[0].ffn.w_in) is PackedLinear
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=fused)
         for _ in range(2):
             model.eval()
@@ -346,7 +359,7 @@ def test_one_row_products_split_over_two_threads_equal_f_linear() -> None:
     """Where oneDNN is the fp32 backend, one row times a mid-sized weight runs as two half-width products in one
     bmm (MKL runs a single row on one thread): same values as F.linear, biases, activations and weight changes
     followed; odd widths, several rows, one thread and tiny products keep F.linear."""
-    from aiayn.nn.packed import MIN_SPLIT_ROW_MACS
+    from aiayn.accel.cpu.packed import MIN_SPLIT_ROW_MACS
 
     torch.manual_seed(0)
     threads = torch.get_num_threads()

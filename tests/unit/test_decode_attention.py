@@ -1,5 +1,5 @@
-"""Decoding-step attention (aiayn.nn.decode_attention): two matmuls equal torch's flash kernel, the measured choice is
-made once per shape class and only for large ones, the environment variable pins it, and decodes agree."""
+"""Decoding-step attention (aiayn.accel.cpu.decode_attention): two matmuls equal torch's flash kernel, the kernel is
+chosen by the shape alone (a setting pins it), and decodes agree."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu import decode_attention
+from aiayn.accel.cpu.modules import cpu_attention_kernel
+from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import generate, translate
-from aiayn.nn import decode_attention
 from aiayn.nn.attention import scaled_dot_product_attention
 
 
 @pytest.fixture(autouse=True)
-def _fresh_choices(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(decode_attention.ENV_VAR, raising=False)
-    decode_attention.forget_choices()
-    yield
-    decode_attention.forget_choices()
+def _auto_choice(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(SETTINGS, "decode_attention", "auto")
 
 
 def _time_major(b: int, h: int, s: int, d: int) -> torch.Tensor:
@@ -44,40 +44,21 @@ def test_rows_with_no_allowed_key_give_zeros_on_both_kernels(monkeypatch: pytest
     mask[3] = False  # a row that may attend nowhere
     outs = {}
     for choice in ("flash", "matmul"):
-        monkeypatch.setenv(decode_attention.ENV_VAR, choice)
+        monkeypatch.setattr(SETTINGS, "decode_attention", choice)
         with torch.no_grad():
-            outs[choice] = scaled_dot_product_attention(q, k, v, mask=mask)[0]
+            outs[choice] = scaled_dot_product_attention(q, k, v, mask=mask, kernel=cpu_attention_kernel)[0]
     assert torch.equal(outs["matmul"][3], torch.zeros_like(outs["matmul"][3]))
     torch.testing.assert_close(outs["matmul"], outs["flash"], rtol=1e-5, atol=1e-6)
 
 
-def test_the_choice_is_measured_once_per_class_and_only_for_large_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    measured = []
-    real = decode_attention._measure
-
-    def counted(*args):  # noqa: ANN002, ANN202
-        measured.append(args[0].shape)
-        return real(*args)
-
-    monkeypatch.setattr(decode_attention, "_measure", counted)
-    big = (torch.randn(32, 4, 1, 16), torch.randn(32, 4, 9, 16), torch.randn(32, 4, 9, 16))
-    for _ in range(3):
-        assert decode_attention.chosen_kernel(*big, None, 0.25) in ("flash", "matmul")
-    longer = (big[0], torch.randn(32, 4, 15, 16), torch.randn(32, 4, 15, 16))  # 9 and 15 keys: one class (16)
-    decode_attention.chosen_kernel(*longer, None, 0.25)
-    assert len(measured) == 1
+def test_the_choice_depends_on_the_shape_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    big = (torch.randn(32, 4, 1, 16), torch.randn(32, 4, 9, 16), torch.randn(32, 4, 9, 16))  # 128 blocks
     small = (torch.randn(4, 4, 1, 16), torch.randn(4, 4, 9, 16), torch.randn(4, 4, 9, 16))  # 16 blocks
-    assert decode_attention.chosen_kernel(*small, None, 0.25) == "flash" and len(measured) == 1
-
-
-def test_the_environment_pins_the_kernel_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = (torch.randn(32, 4, 1, 16), torch.randn(32, 4, 9, 16), torch.randn(32, 4, 9, 16), None, 0.25)
+    assert [decode_attention.chosen_kernel(*big, None, 0.25) for _ in range(3)] == ["matmul"] * 3
+    assert decode_attention.chosen_kernel(*small, None, 0.25) == "flash"
     for choice in ("flash", "matmul"):
-        monkeypatch.setenv(decode_attention.ENV_VAR, choice)
-        assert decode_attention.chosen_kernel(*args) == choice
-    monkeypatch.setenv(decode_attention.ENV_VAR, "fast")
-    with pytest.raises(ValueError, match="AIAYN_DECODE_ATTENTION='fast'"):
-        decode_attention.chosen_kernel(*args)
+        monkeypatch.setattr(SETTINGS, "decode_attention", choice)
+        assert decode_attention.chosen_kernel(*big, None, 0.25) == choice
 
 
 def test_only_fp32_cpu_inference_steps_qualify() -> None:
@@ -92,14 +73,14 @@ def test_only_fp32_cpu_inference_steps_qualify() -> None:
 
 def test_decodes_agree_between_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
-    s2s = build_model(ModelConfig.preset("tiny", arch="encoder-decoder", vocab_size=300)).eval()
-    lm = build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=300)).eval()
+    s2s = accelerate(build_model(ModelConfig.preset("tiny", arch="encoder-decoder", vocab_size=300)).eval(), "decode")
+    lm = accelerate(build_model(ModelConfig.preset("tiny", arch="decoder", vocab_size=300)).eval(), "decode")
     src = torch.randint(4, 300, (20, 9))
     src[:5, 6:] = 0  # padded sources: a cross-attention mask
     prompts = torch.randint(4, 300, (20, 5)).tolist()
     out = {}
     for choice in ("flash", "matmul"):
-        monkeypatch.setenv(decode_attention.ENV_VAR, choice)
+        monkeypatch.setattr(SETTINGS, "decode_attention", choice)
         beams = translate(s2s, src, beam_size=4, max_len_b=12)
         out[choice] = ([[h.tokens for h in s] for s in beams],
                        generate(lm, prompts, max_new_tokens=8, greedy=True))

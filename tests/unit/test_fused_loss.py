@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn import native
-from aiayn.train import fused_loss
-from aiayn.train.fused_loss import linear_label_smoothed_nll
+from aiayn.accel.cpu import fused_loss, native
+from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
+from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 
 
@@ -33,7 +33,7 @@ def _run(fn, h, w, y):
 @pytest.mark.parametrize("native_kernels", ["1", "0"])
 def test_fused_equals_reference(epsilon, ignore_vocab_id, chunk_rows, native_kernels, monkeypatch):
     """With the native softmax (where built) and with torch's log_softmax into a second buffer."""
-    monkeypatch.setenv("AIAYN_NATIVE", native_kernels)
+    monkeypatch.setattr(SETTINGS, "native", native_kernels == "1")
     h, w, y = _inputs()
     ref = _run(lambda a, b, c: label_smoothed_nll(a @ b.T, c, epsilon, ignore_vocab_id=ignore_vocab_id), h, w, y)
     got = _run(lambda a, b, c: linear_label_smoothed_nll(a, b, c, epsilon, ignore_vocab_id, chunk_rows), h, w, y)

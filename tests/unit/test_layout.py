@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from aiayn import ModelConfig, build_model
+from aiayn.accel.cpu.layout import column_major_linears, is_column_major
 from aiayn.generate import generate, translate
-from aiayn.nn.layout import column_major_linears, is_column_major
 from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
 

@@ -1,5 +1,5 @@
-"""The native decoding kernels (aiayn.native) against their PyTorch references, the deferred cache reorders they
-allow against eager ones, and beam search with and without them."""
+"""The native decoding kernels (aiayn.accel.cpu.native) against their PyTorch references, the deferred cache reorders
+they allow against eager ones, and beam search with and without them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from aiayn import ModelConfig, build_model, native
+from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu import native
+from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import translate
 from aiayn.nn.cache import KVStore, SelfAttnCache
 
@@ -24,12 +27,12 @@ def test_builds_where_a_compiler_is_present() -> None:
     assert native.library() is not None, native.build_error
 
 
-def test_disabled_by_env_and_failed_build_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("AIAYN_NATIVE", "0")
+def test_disabled_by_the_setting_and_failed_build_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(SETTINGS, "native", False)
     assert native.library() is None
-    monkeypatch.delenv("AIAYN_NATIVE")
+    monkeypatch.setattr(SETTINGS, "native", True)
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    monkeypatch.setenv("AIAYN_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setattr(native, "_lib", None)
     assert native.library() is None
@@ -176,9 +179,13 @@ def test_deferred_reorders_equal_eager_ones() -> None:
 @pytest.mark.slow
 @needs_native
 def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An accelerated model's beam search is the same with the native kernels on and off, and the same as the
+    reference model's."""
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", vocab_size=50, max_len=64, dropout=0.0)
-    model = build_model(cfg).eval()
+    reference = build_model(cfg).eval()
+    model = accelerate(build_model(cfg).eval(), "decode", accel="auto")
+    model.load_state_dict(reference.state_dict())
     src = torch.randint(4, 50, (5, 9))
     src[1, 6:] = 0  # padding
     out, queries = {}, []  # the native attention's query counts per block: 1 self-attention, 4 (beams) cross
@@ -190,13 +197,20 @@ def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(native, "few_query_attention", counted)
     for flag in ("0", "1"):
-        monkeypatch.setenv("AIAYN_NATIVE", flag)
+        monkeypatch.setattr(SETTINGS, "native", flag == "1")
         out[flag] = translate(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=5, bos_id=1, eos_id=2,
                               pad_id=0, n_best=2)
         if flag == "0":
             assert queries == []
     assert 1 in queries and 4 in queries  # both attentions of the fast step went through the kernel
-    for a, b in zip(out["0"], out["1"]):
+    queries.clear()
+    out["reference"] = translate(reference, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=5, bos_id=1,
+                                 eos_id=2, pad_id=0, n_best=2)
+    assert queries == []
+    for a, b, r in zip(out["0"], out["1"], out["reference"], strict=True):
+        assert [h.tokens for h in b] == [h.tokens for h in r]
+        for x, y in zip(b, r):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
         assert [h.tokens for h in a] == [h.tokens for h in b]
         for x, y in zip(a, b):
             assert x.score == pytest.approx(y.score, abs=1e-4)
@@ -290,9 +304,9 @@ def test_gelu_matches_torch_over_its_range() -> None:
 @needs_native
 def test_packed_linear_takes_rows_linear_for_a_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A column-major PackedLinear serves up to MAX_LINEAR_ROWS rows by the native kernel, more rows and
-    AIAYN_NATIVE=0 by its other products; plans kept across frozen blocks follow the switch."""
-    from aiayn.nn.layout import column_major_linears
-    from aiayn.nn.packed import PackedLinear, frozen_weights
+    the native setting off by its other products; plans kept across frozen blocks follow the switch."""
+    from aiayn.accel.cpu.layout import column_major_linears
+    from aiayn.accel.cpu.packed import PackedLinear, frozen_weights
 
     torch.manual_seed(0)
     layer = column_major_linears(torch.nn.Linear(64, 200))
@@ -313,7 +327,7 @@ def test_packed_linear_takes_rows_linear_for_a_few_rows_only(monkeypatch: pytest
                                        rtol=1e-5, atol=1e-5)
         assert calls == [x[:1].shape, few.shape]
         for flag, used in (("0", False), ("1", True)):
-            monkeypatch.setenv("AIAYN_NATIVE", flag)
+            monkeypatch.setattr(SETTINGS, "native", flag == "1")
             calls.clear()
             with frozen_weights():
                 fast(few)
@@ -371,7 +385,7 @@ def test_panel_linear_is_preferred_on_avx2_only(monkeypatch: pytest.MonkeyPatch)
     for capability, want in (("AVX2", built), ("AVX512", False), ("DEFAULT", False)):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert native.panel_linear_preferred() is want
-    monkeypatch.setenv("AIAYN_NATIVE", "0")
+    monkeypatch.setattr(SETTINGS, "native", False)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert native.panel_linear_preferred() is False
 
@@ -380,8 +394,8 @@ def test_panel_linear_is_preferred_on_avx2_only(monkeypatch: pytest.MonkeyPatch)
 def test_packed_linear_takes_panel_linear_for_many_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where preferred, a PackedLinear serves from PANEL_MIN_ROWS rows by the panel kernel, equal to nn.Linear; a
     weight changed in place between frozen blocks is packed again; elsewhere its other products serve."""
-    from aiayn.nn.layout import column_major_linears
-    from aiayn.nn.packed import PackedLinear, frozen_weights
+    from aiayn.accel.cpu.layout import column_major_linears
+    from aiayn.accel.cpu.packed import PackedLinear, frozen_weights
 
     torch.manual_seed(0)
     layer = column_major_linears(torch.nn.Linear(64, 200))
@@ -429,8 +443,8 @@ def test_panel_linear_from_several_threads_at_once() -> None:
 def test_wide_layers_take_the_panel_kernel_from_two_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Layers at least PANEL_FEW_ROWS_MIN_FEATURES wide in and out take the panel kernel from two rows where it is
     preferred; one row, and narrower layers up to MAX_LINEAR_ROWS rows, stay with rows_linear."""
-    from aiayn.nn.layout import column_major_linears
-    from aiayn.nn.packed import PackedLinear
+    from aiayn.accel.cpu.layout import column_major_linears
+    from aiayn.accel.cpu.packed import PackedLinear
 
     width = native.PANEL_FEW_ROWS_MIN_FEATURES
     monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)

@@ -9,14 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn import ModelConfig, build_model, native
+from aiayn import ModelConfig, build_model
+from aiayn.accel.cpu import native
+from aiayn.accel.cpu.gemm import use_fp32_backend
+from aiayn.accel.cpu.layout import column_major_linears, is_column_major
+from aiayn.accel.cpu.packed import PackedLinear, onednn_available, unpack_output_layers
+from aiayn.accel.cpu.packed import pack_output_layers as pack_wide_only
+from aiayn.accel.cpu.quantize import quantize_int8
 from aiayn.generate import generate, translate
 from aiayn.models.heads import LMHead
-from aiayn.nn.cpu_gemm import use_fp32_backend
-from aiayn.nn.layout import column_major_linears, is_column_major
-from aiayn.nn.packed import PackedLinear, onednn_available, unpack_output_layers
-from aiayn.nn.packed import pack_output_layers as pack_wide_only
-from aiayn.nn.quantize import quantize_int8
 from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
@@ -45,7 +46,7 @@ def pack_output_layers(model: nn.Module) -> nn.Module:
 
 
 def cpu_inference_layout(model: nn.Module) -> nn.Module:
-    """``aiayn.nn.layout.cpu_inference_layout`` with the narrow output layers of these tests packed too."""
+    """``aiayn.accel.cpu.layout.cpu_inference_layout`` with the narrow output layers of these tests packed too."""
     return pack_output_layers(column_major_linears(model))
 
 
@@ -170,8 +171,8 @@ def test_one_row_takes_the_plain_path_and_more_rows_the_packed_one() -> None:
 
 
 def test_narrow_output_layers_are_left_alone_by_default() -> None:
-    from aiayn.nn.layout import cpu_inference_layout as real_layout
-    from aiayn.nn.packed import MIN_PACKED_IN_FEATURES
+    from aiayn.accel.cpu.layout import cpu_inference_layout as real_layout
+    from aiayn.accel.cpu.packed import MIN_PACKED_IN_FEATURES
 
     narrow = real_layout(_model("decoder"))
     proj = narrow.lm_head.proj
@@ -188,7 +189,7 @@ def test_narrow_output_layers_are_left_alone_by_default() -> None:
 def test_fused_activation_equals_the_function_after_the_product(activation: str, monkeypatch) -> None:
     """The feed-forward layer's activation, applied by oneDNN inside the packed product at CPU inference, gives
     exactly what the activation after the product gives (fp32), on every route a PackedLinear takes."""
-    from aiayn.nn import packed as packed_module
+    from aiayn.accel.cpu import packed as packed_module
 
     fn = {"relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation]
     torch.manual_seed(0)
@@ -218,8 +219,10 @@ def test_fused_activation_equals_the_function_after_the_product(activation: str,
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
 def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, monkeypatch) -> None:
-    """A model's FFN asks its packed first layer for the fused activation (relu, gelu) and leaves gated ones alone;
-    the logits equal those of the unpacked model."""
+    """An accelerated model's FFN asks its packed first layer for the fused activation (relu, gelu) and leaves gated
+    ones alone; the logits equal those of the reference model."""
+    from aiayn.accel import accelerate
+    from aiayn.accel.cpu.modules import CPUFeedForward
     from aiayn.nn.feedforward import FeedForward
 
     cfg = ModelConfig.preset("tiny", arch="decoder", vocab_size=300, activation=activation)
@@ -228,8 +231,9 @@ def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, mo
     with use_fp32_backend("onednn"):
         fast = build_model(cfg).eval()
         fast.load_state_dict(plain.state_dict())
+        accelerate(fast, "decode", accel="auto")
         ffn = next(m for m in fast.modules() if isinstance(m, FeedForward))
-        assert type(ffn.w_in) is PackedLinear
+        assert type(ffn) is CPUFeedForward and type(ffn.w_in) is PackedLinear
         asked = []
         real_forward = PackedLinear.forward
 
@@ -249,7 +253,7 @@ def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, mo
 def test_frozen_blocks_choose_once_per_shape_and_start_afresh(backend: str, monkeypatch) -> None:
     """Inside ``frozen_weights`` a layer keeps its choice per input shape and dtype (every shape still gets its own
     product, with the same values); a new block sees weight changes made between blocks; copies drop the plans."""
-    from aiayn.nn import packed
+    from aiayn.accel.cpu import packed
 
     layer = nn.Linear(64, 256)
     fast = PackedLinear.from_linear(layer)
@@ -285,7 +289,7 @@ def test_a_frozen_block_holds_only_in_its_own_thread() -> None:
     """Another thread, outside any block, keeps checking at every call: it may be training meanwhile."""
     import threading
 
-    from aiayn.nn import packed
+    from aiayn.accel.cpu import packed
 
     layer = PackedLinear.from_linear(nn.Linear(8, 4))
     seen = {}
@@ -310,7 +314,7 @@ def test_kept_choices_follow_every_change_between_blocks(monkeypatch) -> None:
     """A later block keeps a layer's choices only while its weight and bias, autocast, the backend and the thread
     count are as they were; any change between blocks gives fresh choices and the right values, and with autograd
     on the choices last one block only."""
-    from aiayn.nn import packed
+    from aiayn.accel.cpu import packed
 
     layer = nn.Linear(64, 256)
     fast = PackedLinear.from_linear(layer)
@@ -351,7 +355,7 @@ def test_kept_choices_follow_every_change_between_blocks(monkeypatch) -> None:
 def test_a_kept_plan_needs_no_example_input() -> None:
     """``kept_plan`` asks for an example input only where it must choose (a decoding call's planning then makes no
     tensor per layer); a kept choice comes back as the same function, in the same block and in a later one."""
-    from aiayn.nn import packed
+    from aiayn.accel.cpu import packed
 
     fast = PackedLinear.from_linear(nn.Linear(64, 256))
     shape, asked = torch.Size((160, 64)), []
@@ -380,7 +384,7 @@ def test_few_rows_only_layers_take_the_native_kernel_at_few_rows_and_blas_above(
     """Where torch's BLAS is the fp32 backend (this module's fixture), the decoding layout's layers use aiayn's
     few-row kernel up to native.MAX_LINEAR_ROWS rows and F.linear above, never a packed copy or the panel product
     (even where the panel product is preferred), and keep that through copies."""
-    from aiayn.nn.layout import cpu_inference_layout as real_layout
+    from aiayn.accel.cpu.layout import cpu_inference_layout as real_layout
 
     monkeypatch.setattr(native, "panel_linear_preferred", lambda: True)
     layer = real_layout(nn.Sequential(nn.Linear(64, 96)))[0]

@@ -1,6 +1,6 @@
 """bf16 inference (``cast_for_inference``): close to fp32 for every family and position scheme, every linear packed
-on CPUs with native bf16, cached == uncached and batched == single within bf16 rounding, RoPE frequencies kept in
-fp32, decoding agrees with fp32, and bad requests are clear errors."""
+by the CPU accelerator on CPUs with native bf16, cached == uncached and batched == single within bf16 rounding, RoPE
+frequencies kept in fp32, decoding agrees with fp32, and bad requests are clear errors."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import torch
 from torch import nn
 
 from aiayn import AiaynError, ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu.gemm import use_fp32_backend
+from aiayn.accel.cpu.packed import PackedLinear, onednn_bf16_available
+from aiayn.accel.cpu.quantize import quantize_int8
 from aiayn.generate import generate, translate
-from aiayn.nn.cpu_gemm import use_fp32_backend
-from aiayn.nn.packed import PackedLinear, onednn_bf16_available
 from aiayn.nn.precision import cast_for_inference, inference_dtype
-from aiayn.nn.quantize import quantize_int8
 
 BF16 = torch.bfloat16
 native_bf16 = pytest.mark.skipif(not onednn_bf16_available(), reason="no native bf16 matmuls in oneDNN on this CPU")
@@ -56,7 +57,7 @@ def test_bf16_outputs_are_close_to_fp32(arch: str, position: str, extra: dict) -
 
 @native_bf16
 def test_every_linear_is_packed_and_packed_equals_plain() -> None:
-    model = cast_for_inference(_model("encoder-decoder"), "bfloat16")
+    model = accelerate(cast_for_inference(_model("encoder-decoder"), "bfloat16"), "decode", accel="auto")
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert model.lm_head.proj.weight is model.tgt_embed.weight  # the tie survives
     x = torch.randn(5, 32, dtype=BF16)
@@ -73,7 +74,7 @@ def test_every_linear_is_packed_and_packed_equals_plain() -> None:
 @native_bf16
 def test_a_packed_fp32_model_cast_to_bf16_repacks() -> None:
     """The fp32 layout's packed output layer must not serve stale fp32 weights after the cast."""
-    from aiayn.nn.packed import pack_output_layers
+    from aiayn.accel.cpu.packed import pack_output_layers
 
     ref = _model("decoder")
     model = pack_output_layers(copy.deepcopy(ref), min_in_features=1)
@@ -127,20 +128,25 @@ def test_bf16_batched_equals_single_within_rounding() -> None:
     torch.testing.assert_close(batched.float(), single.float(), rtol=0.05, atol=0.05)
 
 
-def test_bf16_decoding_agrees_with_fp32(decisive_decoders: tuple[nn.Module, nn.Module]) -> None:
-    """Greedy generation and beam translation through the KV cache, on models with clear margins."""
+@pytest.mark.parametrize("accel", ["none", "auto"])
+def test_bf16_decoding_agrees_with_fp32(decisive_decoders: tuple[nn.Module, nn.Module], accel: str) -> None:
+    """Greedy generation and beam translation through the KV cache, on models with clear margins: the reference
+    model cast to bf16, and the cast model accelerated for decoding (as load_pretrained and the CLI do)."""
     lm, s2s = decisive_decoders
+
+    def bf16(model: nn.Module) -> nn.Module:
+        return accelerate(cast_for_inference(copy.deepcopy(model), BF16), "decode", accel=accel)
+
     prompts = [[5, 6, 7], [9, 3]]
     ref = generate(lm, prompts, max_new_tokens=12, greedy=True, stop_ids=())
-    out = generate(cast_for_inference(copy.deepcopy(lm), BF16), prompts, max_new_tokens=12, greedy=True,
-                   stop_ids=())
+    out = generate(bf16(lm), prompts, max_new_tokens=12, greedy=True, stop_ids=())
     assert [len(x) for x in out] == [len(x) for x in ref]
     agree = sum(a == b for r, o in zip(ref, out, strict=True) for a, b in zip(r, o, strict=True))
     assert agree >= 0.5 * sum(len(r) for r in ref)
 
     src = torch.randint(3, 50, (3, 6))
     ref = translate(s2s, src, beam_size=3, max_len_a=0.0, max_len_b=5)
-    out = translate(cast_for_inference(copy.deepcopy(s2s), BF16), src, beam_size=3, max_len_a=0.0, max_len_b=5)
+    out = translate(bf16(s2s), src, beam_size=3, max_len_a=0.0, max_len_b=5)
     assert all(r[0].tokens for r in ref) and all(isinstance(o[0].score, float) for o in out)
     # beam search can follow a different first token where bf16 rounding reorders two close candidates (seen
     # here on one sentence of three, with a better bf16 score), so: most sentences equal, with equal scores

@@ -9,9 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn import AiaynError, ModelConfig, build_model, native
+from aiayn import AiaynError, ModelConfig, build_model
+from aiayn.accel.cpu import native
+from aiayn.accel.cpu.quantize import Int8Linear, _DynamicLinear, quantize_int8
+from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import generate, translate
-from aiayn.nn.quantize import Int8Linear, _DynamicLinear, quantize_int8
 
 
 def _model(arch: str, **kw: object) -> nn.Module:
@@ -99,7 +101,7 @@ def test_a_steps_few_rows_take_the_weight_only_kernel_and_more_rows_torchs(monke
         assert not torch.equal(_DynamicLinear.forward(layer, x)[1:2], _DynamicLinear.forward(layer, x[1:2]))
         many = torch.randn(native.MAX_LINEAR_ROWS + 1, 96, generator=g)
         assert torch.equal(layer(many), _DynamicLinear.forward(layer, many))
-        monkeypatch.setenv(native.ENV_VAR, "0")
+        monkeypatch.setattr(SETTINGS, "native", False)
         assert torch.equal(layer(x), _DynamicLinear.forward(layer, x))
 
 

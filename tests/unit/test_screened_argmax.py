@@ -1,4 +1,4 @@
-"""Exact greedy argmax through an fp16 screen of the output layer (aiayn.generate.screened_argmax)."""
+"""Exact greedy argmax through an fp16 screen of the output layer (aiayn.accel.cpu.screened_argmax)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import aiayn.generate.screened_argmax as SA
+import aiayn.accel.cpu.screened_argmax as SA
 from aiayn import build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu.packed import onednn_bf16_available
+from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.config import ModelConfig
 from aiayn.generate import generate
 from aiayn.generate.common import next_scores
-from aiayn.nn.layout import cpu_inference_layout
-from aiayn.nn.packed import onednn_bf16_available
 
 
 def reference_argmax(h: torch.Tensor, weight: torch.Tensor, banned: list[int] = ()) -> torch.Tensor:
@@ -174,7 +175,7 @@ def test_greedy_head_screens_only_where_it_applies(monkeypatch: pytest.MonkeyPat
     with torch.inference_mode():
         h = torch.randn(1, 32)
         assert torch.equal(SA.GreedyHead(with_bias)(h), (with_bias(h)).argmax(dim=1))
-        monkeypatch.setenv(SA.ENV_SWITCH, "0")
+        monkeypatch.setattr(SETTINGS, "screened_argmax", False)
         SA.GreedyHead(proj)(h)
     assert calls == screened
     half = nn.Linear(32, 500, bias=False).to(torch.bfloat16)  # a bf16 model's states reach the head in fp32
@@ -216,14 +217,18 @@ def test_screened_generation_equals_fp32_generation(batch: int, int8: bool, monk
     cfg = ModelConfig.preset("gpt2-small", n_layers=2, d_model=64, n_heads=2, d_ff=128, vocab_size=3000,
                              max_len=128, dropout=0.0)
     torch.manual_seed(0)
-    model = cpu_inference_layout(build_model(cfg).eval())
+    reference = build_model(cfg).eval()
+    model = accelerate(build_model(cfg).eval(), "decode", accel="auto")
+    model.load_state_dict(reference.state_dict())
     prompts = [[5, 9, 200, 41, 7][: 5 - i] for i in range(batch)]
     screened = generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert calls and set(calls) == {batch}
     assert any(dtype == torch.int8 for _, dtype in SA._screens._entries) or not int8
-    monkeypatch.setenv(SA.ENV_SWITCH, "0")
+    monkeypatch.setattr(SETTINGS, "screened_argmax", False)
     assert screened == generate(model, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
     assert len(calls) == 40  # one choice per new token, none after the switch went off
+    assert screened == generate(reference, prompts, max_new_tokens=40, greedy=True, stop_ids=(), pad_id=0)
+    assert len(calls) == 40  # the reference model's head never screens
 
 
 def test_a_head_stops_screening_after_failed_screens(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,15 +1,24 @@
-"""CPU training attention over few keys (:mod:`aiayn.nn.short_attention`): which calls take it, and that a whole
-model trains the same through it as through torch's flash kernel."""
+"""CPU training attention over few keys (:mod:`aiayn.accel.cpu.short_attention`): which calls take it (through the
+accelerator's attention kernel, :func:`aiayn.accel.cpu.modules.cpu_attention_kernel`), and that a whole accelerated
+model trains the same through it as through torch's flash kernel and as the reference model."""
 
 from __future__ import annotations
+
+import copy
+import functools
 
 import pytest
 import torch
 
 from aiayn import ModelConfig, build_model
+from aiayn.accel import accelerate
+from aiayn.accel.cpu import short_attention
+from aiayn.accel.cpu.modules import cpu_attention_kernel
 from aiayn.nn import masks as M
-from aiayn.nn import short_attention
-from aiayn.nn.attention import scaled_dot_product_attention
+from aiayn.nn.attention import scaled_dot_product_attention as reference_sdpa
+
+#: the core's attention with the CPU accelerator's kernel, as an accelerated model's attention layers call it
+scaled_dot_product_attention = functools.partial(reference_sdpa, kernel=cpu_attention_kernel)
 
 
 @pytest.fixture
@@ -39,6 +48,7 @@ def test_cpu_training_over_few_keys_takes_two_matmuls(calls: list[tuple[int, int
     scaled_dot_product_attention(*_qkv(5, 9, grad=False))  # nothing to train: torch's kernel
     with torch.no_grad():
         scaled_dot_product_attention(*_qkv(5, 9))
+    reference_sdpa(*_qkv(5, 9))  # the core's own kernel never takes it
     assert len(calls) == 2
 
 
@@ -84,23 +94,28 @@ def test_attention_dropout_applies_to_the_weights() -> None:
 @pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
 def test_a_training_step_matches_the_flash_kernel(arch: str, monkeypatch: pytest.MonkeyPatch,
                                                   calls: list[tuple[int, int]]) -> None:
-    """One forward + backward of a small model (padding in the sources, GQA) gives the same loss and parameter
-    gradients whichever kernel trains its attention."""
+    """One forward + backward of a small model accelerated for training (padding in the sources, GQA) gives the same
+    loss and parameter gradients whichever kernel trains its attention, and the same as the reference model."""
     cfg = ModelConfig.preset("paper-base" if arch == "encoder-decoder" else "gpt2-small", d_model=64, d_ff=128,
                              n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=50, max_len=64, dropout=0.0)
     torch.manual_seed(0)
-    model = build_model(cfg)
+    reference = build_model(cfg)
+    model = accelerate(copy.deepcopy(reference), "train", accel="auto")
     src = torch.randint(4, 50, (3, 11))
     src[1, 7:] = cfg.pad_id
     tgt = torch.randint(4, 50, (3, 9))
     grads = {}
-    for kernel, max_keys in (("flash", 0), ("two-matmuls", short_attention.MAX_KEYS)):
-        monkeypatch.setattr(short_attention, "MAX_KEYS", max_keys)
-        model.zero_grad(set_to_none=True)
-        out = model(src, tgt) if arch == "encoder-decoder" else model(tgt)
+    for kernel, max_keys in (("flash", 0), ("two-matmuls", short_attention.MAX_KEYS), ("reference", None)):
+        net = reference if max_keys is None else model
+        if max_keys is not None:
+            monkeypatch.setattr(short_attention, "MAX_KEYS", max_keys)
+        net.zero_grad(set_to_none=True)
+        out = net(src, tgt) if arch == "encoder-decoder" else net(tgt)
         out.logits.float().square().mean().backward()
-        grads[kernel] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-        assert bool(calls) == (kernel == "two-matmuls")  # every attention of the model: 6 or 2 calls
-    assert grads["flash"].keys() == grads["two-matmuls"].keys() and grads["flash"]
+        grads[kernel] = {name: p.grad.clone() for name, p in net.named_parameters() if p.grad is not None}
+        assert bool(calls) == (kernel == "two-matmuls")  # every attention of the model: 6 or 2 calls; none else
+        calls.clear()
+    assert grads["flash"].keys() == grads["two-matmuls"].keys() == grads["reference"].keys() and grads["flash"]
     for name, want in grads["flash"].items():
         torch.testing.assert_close(grads["two-matmuls"][name], want, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(grads["reference"][name], want, atol=1e-5, rtol=1e-4, msg=name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn.generate.topk import MIN_BLOCKED, MIN_BLOCKED_ARGMAX, row_argmax, row_topk, row_topk_reference
+from aiayn.accel.cpu.topk import MIN_BLOCKED, MIN_BLOCKED_ARGMAX, row_argmax, row_topk, row_topk_reference
 
 
 @pytest.mark.parametrize("v", [MIN_BLOCKED, 8000, 8000 + 37, 50257])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from aiayn.allocator import keep_freed_memory_unless_disabled
+from aiayn import accel, threads
 from aiayn.errors import AiaynError
 
 
@@ -19,14 +20,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need' and its family: train, decode, evaluate.",
-        epilog="On Linux (glibc) the command keeps freed memory in its process for reuse, which spares CPU training "
-               "a page fault per 4 KiB of every large tensor it reallocates each step; the process keeps its peak "
-               "memory instead. AIAYN_KEEP_FREED_MEMORY=0 in the environment turns this off.")
+        epilog="--accel auto (the default) applies the CPU accelerator (aiayn.accel.cpu: native kernels, packed "
+               "weights, a fused loss, a flat decoding step; results equal the reference up to float rounding) and "
+               "keeps freed memory in the process for reuse; --accel none runs the reference modules only. The "
+               "environment variable AIAYN_ACCEL sets the same.")
+    _add_global_options(parser, argparse.SUPPRESS)  # before the command or, below, after it
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, setup) in commands.REGISTRY.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         setup(p)
+        _add_global_options(p, argparse.SUPPRESS)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """The options every command takes, on the main parser and on each command's."""
+    parser.add_argument("--accel", choices=accel.CHOICES, default=default,
+                        help="acceleration: auto (default, or $AIAYN_ACCEL) or none (the reference modules only)")
+    parser.add_argument("--threads", type=_thread_count, default=default, metavar="N",
+                        help="torch threads (default, unless OMP_NUM_THREADS is set: one per core that other "
+                             "processes leave free, one for a small training step; re-checked every 10 s while "
+                             "training, and said when fewer than the cores)")
+
+
+def _thread_count(text: str) -> int:
+    """``--threads``' value: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, at least 1")
+    return int(text)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -46,10 +67,17 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse arguments, run the subcommand, turn user errors into a message and exit code 2."""
+    start = threads.sample()  # other processes' CPU use is measured from here to the command's start
     parser = build_parser()
     args = parse_args(parser, argv)
-    keep_freed_memory_unless_disabled()  # the command owns its process (see aiayn.allocator)
+    if getattr(args, "threads", None):  # the command owns its process's threads too (see aiayn.threads)
+        threads.set_explicit(args.threads)
+    else:
+        threads.apply_at_start(start)
+    before = os.environ.get(accel.ENV_VAR)
     try:
+        os.environ[accel.ENV_VAR] = accel.resolve(getattr(args, "accel", None))  # for every later step and worker
+        accel.setup_process()  # the command owns its process
         return int(args.run(args) or 0)
     except AiaynError as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
@@ -59,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:  # a caller that runs main() in its own process keeps its setting
+        if before is None:
+            os.environ.pop(accel.ENV_VAR, None)
+        else:
+            os.environ[accel.ENV_VAR] = before
 
 
 if __name__ == "__main__":  # pragma: no cover

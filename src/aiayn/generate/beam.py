@@ -27,10 +27,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aiayn import native
 from aiayn.generate.common import Hypothesis, length_penalty
 from aiayn.generate.steppers import Stepper
-from aiayn.generate.topk import row_topk
+from aiayn.models.heads import reference_row_top
 
 
 class BeamHistory:
@@ -114,7 +113,8 @@ def beam_search(
     fin_beam = torch.zeros(B, K, dtype=torch.long, device=device)  # the beam it extended, of step fin_len - 1
     row_base, row_base_for = None, (0, 0)  # (Ba, 1) first cache row of each sentence, for (Ba, k)
     limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
-    top = _RowTop(logits, banned_ids, 2 * K)
+    head = getattr(stepper, "head", None)
+    top = (head.row_top if head is not None else reference_row_top)(logits, banned_ids, 2 * K)
 
     for t in range(L):
         ba, k = alive_cum.shape
@@ -185,49 +185,6 @@ def _done(best_alive: Tensor, fin_score: Tensor, max_steps: Tensor, t: int, at_l
     step where some sentence reaches its limit (``at_limit``), whose limit ``max_steps`` (Ba,) is reached at ``t``."""
     done = best_alive <= fin_score[:, -1]
     return done | (max_steps <= t) if at_limit else done
-
-
-class _RowTop:
-    """Each beam's ``n`` most likely next tokens, as log-probabilities normalized over the whole vocabulary (banned
-    ids included, as :func:`~aiayn.generate.common.next_log_probs`), banned ids excluded from the choice.
-
-    Through the native kernel (:func:`aiayn.native.row_top`: two passes over each row, nothing (N, V) written) for
-    fp32 CPU logits where it is built; else one ``log_softmax`` (torch's kernel fuses its max, exp-sum and
-    subtraction passes) and one blocked top-k (:func:`~aiayn.generate.topk.row_topk`). Either replaces a top-k over
-    every beam's whole vocabulary, and the normalizer needs no passes of its own.
-
-    Args:
-        logits: (N, V) the first step's, for the vocabulary size, dtype and device.
-        banned_ids: ids never produced.
-        n: how many per row (at most V are returned).
-    """
-
-    def __init__(self, logits: Tensor, banned_ids: Sequence[int], n: int) -> None:
-        v, device, ids = logits.shape[-1], logits.device, list(banned_ids)
-        self.n = min(n, v)
-        self.banned = torch.tensor(ids, dtype=torch.long, device=device) if ids else None  # (nb,)
-        self.native = native.library() is not None and native.cpu_fp32(logits)
-        self.banned_mask = None  # (V,) bool, for the native kernel
-        if self.native and ids:
-            self.banned_mask = torch.zeros(v, dtype=torch.bool)
-            self.banned_mask[self.banned] = True
-
-    def __call__(self, logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        """log-probs (N, c) float32 and ids (N, c) long, best first, c = min(n, V); and log p(``eos_id``) (N, 1)
-        where ``eos_id`` is given, else None.
-
-        Args:
-            logits: (N, V), left unchanged.
-        """
-        if self.native:
-            top_lp, top_tok, lse = native.row_top(logits, self.n, self.banned_mask)
-            eos = None if eos_id is None else logits[:, eos_id:eos_id + 1] - lse[:, None]
-            return top_lp, top_tok, eos
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
-        if self.banned is not None:
-            log_probs.index_fill_(1, self.banned, float("-inf"))
-        top_lp, top_tok = row_topk(log_probs, self.n)
-        return top_lp, top_tok, None if eos_id is None else log_probs[:, eos_id:eos_id + 1]
 
 
 def _collect(results: list[list[Hypothesis]], history: BeamHistory, done: Tensor, sent: Tensor, fin_score: Tensor,

@@ -6,8 +6,7 @@ normalized log-probabilities, so the searches, which log-normalize whatever a st
 unchanged. Each member keeps its own KV cache; ``reorder`` moves every member's rows alike. This is the
 ensembling of fairseq's ``EnsembleModel`` (mean of probabilities, not of log-probabilities).
 
-An ensemble of M models costs M times the decoding work. On Multi30k En->De, two seeds of the tiny recipe
-gained 0.8 BLEU on val and 0.3-0.8 on test over each member (docs/RESULTS.md, ninth session).
+An ensemble of M models costs M times the decoding work (what it gains in BLEU: docs/results.md).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ class EnsembleStepper:
         if not members:
             raise AiaynError("an ensemble needs at least one model")
         self.members = list(members)
+        self.head = None  # the mixture has no single output layer: beam search chooses with the reference
         self._log_m = math.log(len(self.members))
 
     def _mix(self, logits: list[Tensor]) -> Tensor:

@@ -14,18 +14,17 @@ from torch import Tensor
 from aiayn.generate.common import force_token, next_log_probs, next_scores
 from aiayn.generate.filtering import filter_logits
 from aiayn.generate.steppers import Stepper
-from aiayn.generate.topk import row_argmax
 
 #: scores (N, V) -> chosen ids (N,). The scores are log-probs, or logits when the caller needs no log-probs
 #: (``decode_loop(..., with_logprob=False)``), so a chooser must not depend on a per-row shift of them. With
 #: ``with_logprob=False`` the stepper may also return hidden states (N, D) for a chooser that applies the output
-#: layer itself (:class:`aiayn.generate.screened_argmax.GreedyHead`).
+#: layer itself (:meth:`aiayn.models.heads.LMHead.greedy_chooser`).
 Chooser = Callable[[Tensor], Tensor]
 
 
 def greedy_choice(scores: Tensor) -> Tensor:
     """The most likely token of each row (the first on ties): scores (N, V) -> (N,) long."""
-    return row_argmax(scores)
+    return scores.argmax(dim=-1)
 
 
 def make_sampler(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,

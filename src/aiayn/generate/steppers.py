@@ -13,6 +13,7 @@ So the same search code decodes decoder-only and encoder-decoder models.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -20,14 +21,16 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from aiayn.generate.fast_step import FastDecoderStep, FastEncoder, all_modules
 from aiayn.models.decoder import DecoderModel
+from aiayn.models.heads import LMHead
 from aiayn.models.seq2seq import EncoderDecoderModel
-from aiayn.nn.packed import frozen_weights
 
 
 class Stepper(Protocol):
-    """What a search strategy needs from a model (see the module docstring)."""
+    """What a search strategy needs from a model (see the module docstring). ``head`` is the model's output layer
+    where there is one model (it chooses beam search's candidates, :meth:`LMHead.row_top`), else None."""
+
+    head: LMHead | None
 
     def first(self) -> Tensor:
         """Logits (N0, V) for the first generated token."""
@@ -52,13 +55,15 @@ class Stepper(Protocol):
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """Run in ``model.eval()`` (no dropout) under ``torch.inference_mode()``; restore every module's training flag.
 
-    The block is also a :func:`aiayn.nn.packed.frozen_weights` block: the weights must not change inside it.
+    A model may carry a ``decoding_scope`` (a context-manager factory, set by an accelerator): the block then also
+    runs inside it, a promise that the weights do not change until it ends.
     """
-    training = [m for m in all_modules(model) if m.training]  # usually none: the model is already in eval mode
+    training = [m for m in model.modules() if m.training]  # usually none: the model is already in eval mode
     for m in training:
         m.training = False
+    scope = getattr(model, "decoding_scope", None)
     try:
-        with torch.inference_mode(), frozen_weights():
+        with torch.inference_mode(), (scope() if scope is not None else contextlib.nullcontext()):
             yield
     finally:
         for m in training:
@@ -81,14 +86,9 @@ class Seq2SeqStepper:
 
     def __init__(self, model: EncoderDecoderModel, src: Tensor, capacity: int, bos_id: int = 1,
                  src_is_token: Tensor | None = None) -> None:
-        self.model, self.bos_id = model, bos_id
-        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
-        encoder = FastEncoder.build(model.encoder) if self.fast is not None else None
-        if src_is_token is None:
-            src_is_token = src != model.config.pad_id
-        self.memory: Tensor | None = None if encoder is None else encoder(src, src_is_token)  # (B, S, D)
-        if self.memory is None:  # the encoder's modules
-            self.memory, src_is_token, _ = model.encode(src, src_is_token)
+        self.model, self.bos_id, self.head = model, bos_id, model.lm_head
+        memory, src_is_token, _ = model.encode(src, src_is_token)
+        self.memory: Tensor | None = memory  # (B, S, D) until the first step projects it into the cache
         self.src_is_token = src_is_token  # (Bm, S)
         self.cache = model.new_cache(capacity)
         self.group = 1  # consecutive rows per memory row: row i reads memory row i // group
@@ -97,19 +97,12 @@ class Seq2SeqStepper:
         """Feed BOS to every sentence: logits (B, V)."""
         b = self.src_is_token.shape[0]
         bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=self.src_is_token.device)
-        if self.fast is not None:  # the memory projected into the cross-attention caches, then a fast step
-            self.model.decoder.project_memory(self.memory, self.cache)
-            self.memory = None
-            if self.fast.ready(self.cache):
-                return self.model.lm_head(self.fast(bos, self.cache, memory_is_token=self.src_is_token))
         logits = self.model.decode(bos, self.memory, self.src_is_token, cache=self.cache).logits
         self.memory = None  # projected into the cross-attention cache; no longer needed
         return logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V)."""
-        if self.fast is not None and self.fast.ready(self.cache):
-            return self.model.lm_head(self.fast(tokens[:, None], self.cache, memory_is_token=self.src_is_token))
         out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
         return out.logits[:, -1]
 
@@ -154,16 +147,15 @@ class LMStepper:
         prefix_lm: the prompt block is a bidirectional prefix (prefix-LM). With left padding every prompt
             ends at column P - 1, so a prefix of P columns (padding included, and masked) is each prompt.
         project: return logits (N, V). False returns the final hidden states (N, D) instead, for a chooser
-            that applies the output layer itself (:class:`aiayn.generate.screened_argmax.GreedyHead`).
+            that applies the output layer itself (:meth:`LMHead.greedy_chooser`).
     """
 
     def __init__(self, model: DecoderModel, ids: Tensor, is_token: Tensor, capacity: int,
                  prefix_lm: bool = False, project: bool = True) -> None:
         self.model, self.ids, self.is_token, self.prefix_lm = model, ids, is_token, prefix_lm
-        self.project = project
+        self.project, self.head = project, model.lm_head
         self.cache = model.new_cache(capacity)
         self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
-        self.fast = FastDecoderStep.build(model.decoder)  # None: every step through the modules
 
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
@@ -177,11 +169,8 @@ class LMStepper:
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
-        if self.fast is not None and self.fast.ready(self.cache):
-            hidden = self.fast(tokens[:, None], self.cache, positions=self.next_pos[:, None])
-        else:
-            hidden = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
-                                compute_logits=False).hidden[:, -1]
+        hidden = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
+                            compute_logits=False).hidden[:, -1]
         self.next_pos = self.next_pos + 1
         return self._output(hidden)
 

@@ -9,15 +9,13 @@ from aiayn.models.decoder import DecoderModel
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.init import deepnorm_constants, init_weights
 from aiayn.models.seq2seq import EncoderDecoderModel
-from aiayn.nn.packed import use_fast_cpu_linears
 
 
 def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
     """Build (and initialize) the model that ``config.arch`` names.
 
-    Where oneDNN is the faster fp32 CPU matmul library for training or for decoding (AMD CPUs,
-    :mod:`aiayn.nn.cpu_gemm`), the linear layers are :class:`aiayn.nn.packed.PackedLinear` (same parameters and
-    ``state_dict``).
+    The model is the reference: plain ``nn.Linear``, ``nn.Dropout`` and attention through torch. Speed-ups for a
+    device are applied at the call site (:func:`aiayn.accel.accelerate`).
 
     Returns:
         :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`.
@@ -31,4 +29,4 @@ def build_model(config: ModelConfig, init: bool = True) -> nn.Module:
         model = EncoderDecoderModel(config, enc_alpha=alphas["encoder"][0], dec_alpha=alphas["decoder"][0])
     if init:
         init_weights(model, config)
-    return use_fast_cpu_linears(model)  # oneDNN for fp32 CPU products where it beats torch's BLAS (nn.cpu_gemm)
+    return model

@@ -38,7 +38,6 @@ class DecoderModel(nn.Module):
         cache: DecoderCache | None = None,
         return_weights: bool = False,
         compute_logits: bool = True,
-        output_weight: bool = False,
     ) -> ModelOutput:
         """Next-token logits.
 
@@ -50,10 +49,8 @@ class DecoderModel(nn.Module):
             prefix_len: (B,) long: the first prefix_len tokens attend bidirectionally (prefix-LM).
             cache: KV cache for incremental decoding (see :meth:`new_cache`).
             return_weights: include per-layer attention weights under ``attentions["self"]``.
-            compute_logits: False skips the output projection (``logits`` is None; the trainer's fused loss
-                projects ``hidden`` itself, see :mod:`aiayn.train.fused_loss`).
-            output_weight: also return the weight to project ``hidden`` with, as ``output_weight``
-                (:class:`ModelOutput`; the trainer's fused loss takes it).
+            compute_logits: False skips the output projection (``logits`` is None; the trainer projects
+                ``hidden`` in ``lm_head.loss``).
         Returns:
             logits (B, T, V) and hidden (B, T, D).
         """
@@ -64,8 +61,6 @@ class DecoderModel(nn.Module):
             attn_mask = M.document_mask(doc_ids)
         if prefix_len is not None:
             attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
-        late, (sparse,) = self.lm_head.plan((self.embed,)) if compute_logits or output_weight else (None, (False,))
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
-                            return_weights=return_weights, sparse_embedding_grad=sparse)
-        return ModelOutput(self.lm_head(h, late) if compute_logits else None, h, {"self": w["self"]} if w else None,
-                           self.lm_head.weight_for(late) if output_weight else None)
+                            return_weights=return_weights)
+        return ModelOutput(self.lm_head(h) if compute_logits else None, h, {"self": w["self"]} if w else None)

@@ -31,7 +31,7 @@ class EncoderModel(nn.Module):
         self.token_head = TokenClassificationHead(c.d_model, c.n_token_labels, c.dropout) if c.n_token_labels else None
 
     def forward(self, ids: Tensor, is_token: Tensor | None = None, task: str = "mlm",
-                return_weights: bool = False, output_weight: bool = False) -> ModelOutput:
+                return_weights: bool = False) -> ModelOutput:
         """Encode and apply a head.
 
         Args:
@@ -40,18 +40,12 @@ class EncoderModel(nn.Module):
             task: "mlm" -> (B, S, V) logits; "classify" -> (B, n_classes); "tokens" -> (B, S, n_labels);
                 "hidden" -> logits = hidden states (B, S, D).
             return_weights: include per-layer attention weights under ``attentions["encoder"]``.
-            output_weight: also return the weight for ``mlm_head``'s projection as ``output_weight``, for a caller
-                that applies the head itself (``mlm_head(h, out.output_weight)``, as the MLM task does on the masked
-                positions): with a tied embedding its lookups then give row-sparse gradients in CPU training
-                (:mod:`aiayn.nn.tied_embedding`).
         """
         if is_token is None:
             is_token = ids != self.config.pad_id
-        head = self.mlm_head.decoder
-        late, (sparse,) = head.plan((self.embed,)) if task == "mlm" or output_weight else (None, (False,))
-        h, w = self.encoder(ids, is_token=is_token, return_weights=return_weights, sparse_embedding_grad=sparse)
+        h, w = self.encoder(ids, is_token=is_token, return_weights=return_weights)
         if task == "mlm":
-            logits = self.mlm_head(h, late)
+            logits = self.mlm_head(h)
         elif task == "classify":
             if self.cls_head is None:
                 raise ValueError("this model has no classification head (config.n_classes is not set)")
@@ -64,5 +58,4 @@ class EncoderModel(nn.Module):
             logits = h
         else:
             raise ValueError(f"task={task!r}: choose one of {TASKS}")
-        return ModelOutput(logits, h, {"encoder": w["self"]} if w else None,
-                           head.weight_for(late) if output_weight else None)
+        return ModelOutput(logits, h, {"encoder": w["self"]} if w else None)

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.nn import cpu_gemm, tied_embedding
-from aiayn.nn.dropout import Dropout
 from aiayn.nn.norms import build_norm
+from aiayn.train.losses import label_smoothed_nll
+
+#: log-probabilities (N, c) and ids (N, c) of each row's c best next tokens, best first, and log p(eos) (N, 1) or None
+RowTop = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, "Tensor | None"]]
 
 
 class LMHead(nn.Module):
-    """Hidden states -> vocabulary logits; the weight may be tied to an embedding (paper section 3.4)."""
+    """Hidden states -> vocabulary logits; the weight may be tied to an embedding (paper section 3.4).
+
+    Besides the projection, the head owns what is computed from its logits: the training loss (:meth:`loss`) and the
+    choice of next tokens in decoding (:meth:`greedy_chooser`, :meth:`row_top`). They are methods so that an
+    accelerator can replace them with fused forms (it substitutes the head's class); these are the references.
+    """
 
     def __init__(self, d_model: int, vocab_size: int, tied_to: nn.Embedding | None = None) -> None:
         super().__init__()
@@ -22,27 +29,64 @@ class LMHead(nn.Module):
         if tied_to is not None:
             self.proj.weight = tied_to.weight
 
-    def plan(self, embeddings: Sequence[nn.Embedding]) -> tuple[Tensor | None, list[bool]]:
-        """For a forward pass that projects with this head, before its lookups: the weight to project with (a tied
-        embedding's late identity in CPU training, else None: the layer as it is) and, per embedding, whether its
-        lookups give row-sparse gradients (:func:`aiayn.nn.tied_embedding.plan`)."""
-        weight = self.proj.weight
-        if not isinstance(weight, Tensor):  # a quantized layer's
-            return None, [False] * len(embeddings)
-        return tied_embedding.plan(weight, embeddings)
+    def forward(self, h: Tensor) -> Tensor:
+        """h (..., D) -> logits (..., V)."""
+        return self.proj(h)
 
-    def weight_for(self, late: Tensor | None) -> Tensor:
-        """What a model returns as ``output_weight``: ``late`` (from :meth:`plan`) where there is one, else
-        ``proj.weight``."""
-        return self.proj.weight if late is None else late
+    def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+        """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.train.losses.label_smoothed_nll`).
 
-    def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V); ``weight`` (V, D), what :meth:`plan` returned (or a model's
-        ``output_weight``), stands in for ``proj.weight`` through the linear layer's training product
-        (:func:`aiayn.nn.cpu_gemm.linear`) where it is not that tensor itself."""
-        if weight is None or weight is self.proj.weight:
-            return self.proj(h)  # a PackedLinear's kernels at CPU inference
-        return cpu_gemm.linear(h, weight, self.proj.bias)
+        Args:
+            h: (..., D) hidden states.
+            labels: (...) long target ids; ``IGNORE_INDEX`` (-100) positions do not count.
+            label_smoothing: epsilon in [0, 1).
+        Returns:
+            summed loss, summed NLL (both scalars) and the number of counted targets.
+        """
+        return label_smoothed_nll(self(h), labels, label_smoothing)
+
+    def greedy_chooser(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:
+        """A chooser for greedy decoding over hidden states: h (N, D) -> each row's most likely id (N,) long (the
+        first on ties), ``banned_ids`` never chosen."""
+        banned = list(banned_ids)
+
+        def choose(h: Tensor) -> Tensor:
+            weight = getattr(self.proj, "weight", None)
+            if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
+                h = h.to(weight.dtype)  # the search hands over fp32 states; a bf16 model's go back exactly
+            logits = self(h)  # (N, V)
+            if banned:
+                logits = logits.index_fill(1, torch.tensor(banned, device=logits.device), float("-inf"))
+            return logits.argmax(dim=-1)
+
+        return choose
+
+    def row_top(self, logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:
+        """Beam search's chooser: ``top(logits, eos_id)`` gives each row's ``min(n, V)`` best next tokens as
+        log-probabilities normalized over the whole vocabulary (banned ids included in the normalizer, excluded from
+        the choice), best first, and log p(``eos_id``) (N, 1) where ``eos_id`` is given.
+
+        Args:
+            logits: (N, V) an example of the logits it will get (vocabulary size, dtype, device).
+            banned_ids: ids never chosen.
+            n: how many per row.
+        """
+        return reference_row_top(logits, banned_ids, n)
+
+
+def reference_row_top(logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:
+    """:meth:`LMHead.row_top` in plain torch: a ``log_softmax`` and a ``topk`` per call."""
+    n = min(n, logits.shape[-1])
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=logits.device) if banned_ids else None
+
+    def top(logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
+        if banned is not None:
+            log_probs.index_fill_(1, banned, float("-inf"))
+        top_lp, top_tok = log_probs.topk(n, dim=-1)  # (N, n) each, best first
+        return top_lp, top_tok, None if eos_id is None else log_probs[:, eos_id:eos_id + 1]
+
+    return top
 
 
 class MLMHead(nn.Module):
@@ -56,9 +100,9 @@ class MLMHead(nn.Module):
         self.decoder = LMHead(d_model, vocab_size, tied_to)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, h: Tensor, weight: Tensor | None = None) -> Tensor:
-        """h (B, T, D) -> logits (B, T, V); ``weight`` as :meth:`LMHead.forward`'s."""
-        return self.decoder(self.norm(F.gelu(self.dense(h))), weight) + self.bias
+    def forward(self, h: Tensor) -> Tensor:
+        """h (B, T, D) -> logits (B, T, V)."""
+        return self.decoder(self.norm(F.gelu(self.dense(h)))) + self.bias
 
 
 class ClassificationHead(nn.Module):
@@ -68,7 +112,7 @@ class ClassificationHead(nn.Module):
         super().__init__()
         self.pooling = pooling
         self.dense = nn.Linear(d_model, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, n_classes)
 
     def forward(self, h: Tensor, is_token: Tensor) -> Tensor:
@@ -86,7 +130,7 @@ class TokenClassificationHead(nn.Module):
 
     def __init__(self, d_model: int, n_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, n_labels)
 
     def forward(self, h: Tensor) -> Tensor:

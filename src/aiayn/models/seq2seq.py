@@ -31,21 +31,19 @@ class EncoderDecoderModel(nn.Module):
         self.decoder = TransformerStack(c, c.n_layers, self.tgt_embed, causal=True, cross=True, alpha=dec_alpha)
         self.lm_head = LMHead(c.d_model, c.target_vocab_size, self.tgt_embed if c.tie_embeddings else None)
 
-    def encode(self, src: Tensor, src_is_token: Tensor | None = None, return_weights: bool = False,
-               sparse_embedding_grad: bool = False) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+    def encode(self, src: Tensor, src_is_token: Tensor | None = None,
+               return_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         """Encode a source batch.
 
         Args:
             src: (B, S) source ids, right-padded with ``pad_id``.
             src_is_token: (B, S) bool, default ``src != pad_id``.
-            sparse_embedding_grad: row-sparse embedding gradient (see :meth:`TransformerStack.forward`).
         Returns:
             memory (B, S, D), src_is_token (B, S), and encoder self-attention weights if requested.
         """
         if src_is_token is None:
             src_is_token = src != self.config.pad_id
-        memory, w = self.encoder(src, is_token=src_is_token, return_weights=return_weights,
-                                 sparse_embedding_grad=sparse_embedding_grad)
+        memory, w = self.encoder(src, is_token=src_is_token, return_weights=return_weights)
         return memory, src_is_token, (w["self"] if w else None)
 
     def new_cache(self, capacity: int) -> DecoderCache:
@@ -54,8 +52,7 @@ class EncoderDecoderModel(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_is_token: Tensor, *,
                cache: DecoderCache | None = None, return_weights: bool = False,
-               compute_logits: bool = True, sparse_embedding_grad: bool = False,
-               weight: Tensor | None = None) -> ModelOutput:
+               compute_logits: bool = True) -> ModelOutput:
         """Decoder logits for target prefixes.
 
         Args:
@@ -64,29 +61,21 @@ class EncoderDecoderModel(nn.Module):
             src_is_token: (B, S) bool source padding flags.
             cache: a :meth:`new_cache` for incremental decoding.
             compute_logits: False skips the output projection (``logits`` is None, ``hidden`` (B, T, D) only).
-            sparse_embedding_grad, weight: row-sparse embedding gradient (see :meth:`TransformerStack.forward`) and
-                the weight to project with, both from ``lm_head.plan`` (:meth:`forward` passes them).
         Returns:
             logits (B, T, V_tgt) and hidden (B, T, D).
         """
         h, w = self.decoder(tgt, memory=memory, memory_is_token=src_is_token, cache=cache,
-                            return_weights=return_weights, sparse_embedding_grad=sparse_embedding_grad)
-        return ModelOutput(self.lm_head(h, weight) if compute_logits else None, h, w)
+                            return_weights=return_weights)
+        return ModelOutput(self.lm_head(h) if compute_logits else None, h, w)
 
     def forward(self, src: Tensor, tgt: Tensor, src_is_token: Tensor | None = None,
-                return_weights: bool = False, compute_logits: bool = True, output_weight: bool = False) -> ModelOutput:
+                return_weights: bool = False, compute_logits: bool = True) -> ModelOutput:
         """Teacher-forced logits: src (B, S), tgt (B, T) decoder input -> logits (B, T, V_tgt), hidden (B, T, D).
 
-        ``compute_logits=False`` skips the output projection; ``output_weight=True`` then returns the weight to
-        project ``hidden`` with as ``output_weight`` (:class:`ModelOutput`; the trainer's fused loss takes it).
+        ``compute_logits=False`` skips the output projection (the trainer projects ``hidden`` in ``lm_head.loss``).
         """
-        late, (sparse_src, sparse_tgt) = (self.lm_head.plan((self.src_embed, self.tgt_embed))
-                                          if compute_logits or output_weight else (None, (False, False)))
-        memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights, sparse_embedding_grad=sparse_src)
-        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights, compute_logits=compute_logits,
-                          sparse_embedding_grad=sparse_tgt, weight=late)
+        memory, src_is_token, w_enc = self.encode(src, src_is_token, return_weights)
+        out = self.decode(tgt, memory, src_is_token, return_weights=return_weights, compute_logits=compute_logits)
         if out.attentions is not None:
             out.attentions["encoder"] = w_enc
-        if output_weight:
-            out.output_weight = self.lm_head.weight_for(late)
         return out

@@ -13,9 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn import masks as M
-from aiayn.nn import tied_embedding
 from aiayn.nn.cache import DecoderCache
-from aiayn.nn.dropout import Dropout
 from aiayn.nn.layers import TransformerLayer
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, SinusoidalPositions, T5RelativeBias
@@ -51,7 +49,7 @@ class TransformerStack(nn.Module):
             self.pos_bias = ALiBi(c.n_heads)
         elif c.position == "t5":
             self.pos_bias = T5RelativeBias(c.n_heads, c.t5_num_buckets, c.t5_max_distance, bidirectional=not causal)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(TransformerLayer(c, cross=cross, alpha=alpha) for _ in range(n_layers))
         self.final_norm = (build_norm(c.norm, c.d_model, c.norm_eps, c.bias)
                            if c.norm_position == "pre" else nn.Identity())
@@ -67,7 +65,6 @@ class TransformerStack(nn.Module):
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: bool = False,
-        sparse_embedding_grad: bool = False,
     ) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
         """Run the stack.
 
@@ -82,14 +79,12 @@ class TransformerStack(nn.Module):
             memory_is_token: (B, S_src) bool, False at source padding.
             cache: a :class:`DecoderCache` for incremental decoding (causal stacks).
             return_weights: collect per-layer attention weights.
-            sparse_embedding_grad: the token lookups give the embedding a row-sparse gradient, for an embedding
-                tied to an output layer in the same graph (:func:`aiayn.nn.tied_embedding.plan` decides).
         Returns:
             hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
         """
         x, mask, bias, rotary, is_causal, memory_mask = self.prepare(
             ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory_is_token=memory_is_token,
-            cache=cache, sparse_embedding_grad=sparse_embedding_grad)
+            cache=cache)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(
@@ -119,11 +114,10 @@ class TransformerStack(nn.Module):
         attn_mask: Tensor | None = None,
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
-        sparse_embedding_grad: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
         """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
         records the new positions in it. The one place where embeddings, positions and masks are made: the
-        layers' loop in :meth:`forward` and the decoding step of :mod:`aiayn.generate.fast_step` both start here.
+        layers' loop in :meth:`forward` and an accelerator's decoding step both start here.
 
         Returns:
             x (B, T, D) the embedded input; the self-attention mask (bool, broadcastable to (B, H, T, S)) or
@@ -164,13 +158,12 @@ class TransformerStack(nn.Module):
             if cache is not None and cache.cross_attn:
                 cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
-        x = tied_embedding.lookup(self.embed, ids, sparse_embedding_grad) * self.embed_scale  # (B, T, D)
+        x = self.embed(ids) * self.embed_scale  # (B, T, D)
         if self.abs_pos is not None:
             # default positions (known on the host): a slice of the table; given ones: a gather
             pe = self.abs_pos.span(start, t) if default_positions else self.abs_pos(positions)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
         # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None
-        if self.training and self.dropout.p > 0:  # an eval-mode dropout call is still a dispatched op
-            x = self.dropout(x)
+        x = self.dropout(x)
         return x, mask, bias, rotary, is_causal, memory_mask

@@ -8,18 +8,20 @@ Encoder self-attention, decoder causal self-attention and encoder-decoder cross-
 
 from __future__ import annotations
 
-import contextlib
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.nn import decode_attention, short_attention
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.positions import apply_rotary
 
 BACKENDS = ("auto", "reference", "sdpa")
+
+#: (q, k, v, mask, bias, dropout_p, is_causal, scale) -> out: a fused attention kernel, see :func:`fused_attention`
+AttentionKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, float, bool, float], Tensor]
 
 
 def _expand_kv(x: Tensor, n_heads: int) -> Tensor:
@@ -41,6 +43,7 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     is_causal: bool = False,
     scale: float | None = None,
+    kernel: AttentionKernel | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v.
 
@@ -51,13 +54,14 @@ def scaled_dot_product_attention(
             yields zeros (and zero weights), never NaN.
         bias: float, broadcastable to (B, H, T, S), added to the scores (ALiBi, T5).
         dropout_p: dropout on the attention weights (pass 0.0 at evaluation).
-        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel, or for a CPU
-            decoding step the faster of it and two matmuls, see :mod:`aiayn.nn.decode_attention`), or "auto"
+        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel), or "auto"
             (sdpa unless weights are requested).
         return_weights: also return the (B, H, T, S) attention weights (forces the reference backend).
         is_causal: apply a causal mask with queries aligned to the end of the keys (T <= S), in addition
             to ``mask``; lets sdpa use its fast causal path when there is no other mask.
         scale: score scale, default 1/sqrt(Dh).
+        kernel: the fused kernel for the "sdpa" backend (default :func:`fused_attention`); an accelerator passes
+            its own. It gets key/value heads already expanded to H and masks with no empty row.
     Returns:
         out (B, H, T, Dh) and weights (B, H, T, S) or None.
     """
@@ -96,40 +100,30 @@ def scaled_dot_product_attention(
         out = torch.matmul(dropped, v)  # (B, H, T, Dh)
         return out, (weights if return_weights else None)
 
-    dtype = torch.float32 if _cpu_training_in_low_precision(q, k, v) else q.dtype
-    if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
-        # a CPU decoding step: the flash kernel or two matmuls, whichever this host measured faster for the shape
-        out = decode_attention.few_query_attention(q, k, v, mask, scale)
-    else:
-        with torch.autocast(q.device.type, enabled=False) if dtype != q.dtype else contextlib.nullcontext():
-            qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
-            if short_attention.applies(q, k, v):
-                # CPU training over at most 64 keys: two matmuls beat the flash kernel's per-block work
-                out = short_attention.attention(qd, kd, vd, mask, bias, dropout_p, is_causal, scale)
-            else:
-                attn_mask: Tensor | None = mask
-                if bias is not None:
-                    attn_mask = bias.to(dtype)
-                    if mask is not None:
-                        attn_mask = attn_mask.masked_fill(~mask, torch.finfo(dtype).min)
-                out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=attn_mask, dropout_p=dropout_p,
-                                                     is_causal=is_causal, scale=scale)
-        out = out.to(q.dtype)
+    out = (kernel or fused_attention)(q, k, v, mask, bias, dropout_p, is_causal, scale)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, None
 
 
-def _cpu_training_in_low_precision(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether attention is about to be trained in bf16/fp16 on CPU (autocast or a low-precision model).
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+                    is_causal: bool, scale: float) -> Tensor:
+    """torch's fused kernel, ``F.scaled_dot_product_attention``, with the bias and the mask as one additive mask.
 
-    torch's CPU flash kernel is much slower in bf16 than in float32 when it also has to run backward: forward +
-    backward took 1.8x as long at GPT-2 small's shapes and 10x at the tiny Multi30k model's (2 threads,
-    docs/BENCHMARKS.md), while the casts cost little. So training attends in float32 there, and returns the
-    low-precision dtype as autocast would. Inference keeps the low-precision kernel: a decoding step over a cache
-    would cast the whole cache every step.
+    Args:
+        q, k, v: (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dh).
+        mask: bool broadcastable to (B, H, T, S), True = may attend, no row without an allowed key.
+        bias: float additive bias broadcastable to (B, H, T, S).
+    Returns:
+        (B, H, T, Dh).
     """
-    return q.dtype in (torch.bfloat16, torch.float16) and short_attention.cpu_training(q, k, v)
+    attn_mask: Tensor | None = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(q.dtype).min)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale)
 
 
 def fold_queries(q: Tensor, group: int) -> Tensor:
@@ -189,6 +183,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(memory).split(self.n_kv_heads * self.head_dim, dim=-1)  # (B, S, Hkv*Dh) each
         return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
+               return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The attention of projected heads: :func:`scaled_dot_product_attention` with this module's dropout (in
+        training), backend and scale. Shapes as there: q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh)."""
+        return scaled_dot_product_attention(
+            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+            return_weights=return_weights, is_causal=is_causal, scale=self.scale)
+
     def forward(
         self,
         x: Tensor,
@@ -242,9 +244,7 @@ class MultiHeadAttention(nn.Module):
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
             q = fold_queries(q, group)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend, return_weights=return_weights, is_causal=is_causal, scale=self.scale)
+        out, weights = self.attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
         if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)
             out = unfold_queries(out, group, t)
             weights = unfold_queries(weights, group, t) if weights is not None else None

@@ -27,8 +27,9 @@ class KVStore:
     from the keys) and doubles its capacity when a layer outgrows it.
 
     **Deferred reorders.** With ``lazy`` set (by a decoding step that reads the cache through
-    :func:`aiayn.native.few_query_attention`), :meth:`reorder` copies nothing: it keeps ``rows`` (capacity, B'), the
-    buffer row that holds each batch row's keys at each position, and new positions are written at their own row.
+    :func:`aiayn.accel.cpu.native.few_query_attention`), :meth:`reorder` copies nothing: it keeps ``rows``
+    (capacity, B'), the buffer row that holds each batch row's keys at each position, and new positions are written
+    at their own row.
     Whoever asks for the keys and values as views (:meth:`SelfAttnCache.append` and friends) gets them reordered
     first (:meth:`settle`: the same one ``index_select``), so every other reader sees an ordinary cache.
     """
@@ -149,7 +150,7 @@ class SelfAttnCache:
         them (all key heads, then all value heads); return all cached so far, (B, Hkv, length, Dh) views.
 
         The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in two dispatched ops fewer per view
-        (a decoding step's hot path: :mod:`aiayn.generate.fast_step`), after the first :meth:`append`.
+        (a decoding step's hot path: :mod:`aiayn.accel.cpu.fast_step`), after the first :meth:`append`.
         """
         self.write_step(kv)
         self.store.settle()

@@ -3,8 +3,8 @@
 Training keeps fp32 master weights and runs under autocast (``train.dtype``); inference has no weights to update,
 so :func:`cast_for_inference` simply casts every parameter and floating buffer, as ``model.to(dtype)`` does, and
 everything downstream runs in that dtype: half the weight bytes streamed per decoding step, half the KV cache, and
-on CPUs with native bf16 matmuls (AVX512-BF16, AMX) oneDNN's bf16 kernels. On the CPU the model then gets
-:func:`aiayn.nn.layout.cpu_inference_layout`, which in bf16 prepacks every linear layer (:mod:`aiayn.nn.packed`).
+on CPUs with native bf16 matmuls (AVX512-BF16, AMX) oneDNN's bf16 kernels (the CPU accelerator prepacks every
+linear layer of a bf16 model, :func:`aiayn.accel.accelerate`).
 
 What stays in fp32, so the cast costs accuracy only where bf16 rounding does:
 
@@ -14,12 +14,13 @@ What stays in fp32, so the cast costs accuracy only where bf16 rounding does:
   take ``log_softmax`` / ``softmax`` of the logits in fp32 (:mod:`aiayn.generate`, :mod:`aiayn.evaluate`).
 
 Outputs are close to, not equal to, fp32's: logits differ by about 1% in norm on random tiny models (tests), and on
-real checkpoints docs/RESULTS.md gives the BLEU. fp16 is CUDA-only: CPU kernels for it are slow or missing, and
+real checkpoints docs/results.md gives the BLEU. fp16 is CUDA-only: CPU kernels for it are slow or missing, and
 fp16's range is the wrong trade on CPUs that have bf16.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -46,7 +47,7 @@ def inference_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def cast_for_inference(model: nn.Module, dtype: str | torch.dtype) -> nn.Module:
-    """Cast ``model`` in place to ``dtype`` for inference (eval mode), with the CPU decoding layout; returns it.
+    """Cast ``model`` in place to ``dtype`` for inference (eval mode); returns it (accelerate it afterwards).
 
     Args:
         model: an aiayn model of any family, on one device, with floating parameters (not int8-quantized).
@@ -69,15 +70,12 @@ def cast_for_inference(model: nn.Module, dtype: str | torch.dtype) -> nn.Module:
         raise AiaynError("float16 inference runs on CUDA only; on the CPU use bfloat16 (--dtype bfloat16), "
                          "or --int8")
     if dtype == torch.bfloat16 and "cpu" in devices:
-        from aiayn.nn.packed import onednn_bf16_available
-
-        if not onednn_bf16_available():
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             warnings.warn("this CPU has no native bf16 matmuls (no AVX512-BF16 / AMX, as oneDNN reports): bfloat16 "
                           "inference will run, but likely slower than float32", stacklevel=2)
-    from aiayn.nn.layout import cpu_inference_layout, outside_inference_mode
-
-    with outside_inference_mode(model):  # so the cast weights can be packed even when called in inference mode
+    # weights cast inside inference mode would become inference tensors that no later change could touch; a model built
+    # inside inference mode keeps it (its parameters are inference tensors already)
+    built_inside = any(p.is_inference() for p in model.parameters())
+    with contextlib.nullcontext() if built_inside else torch.inference_mode(False):
         model.to(dtype).eval()
-        if devices == {"cpu"}:
-            cpu_inference_layout(model)
     return model

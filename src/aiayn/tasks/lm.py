@@ -29,7 +29,6 @@ from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
-from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.losses import IGNORE_INDEX
 from aiayn.train.recipe import resolve_path, take
 
@@ -224,10 +223,10 @@ class LMTask:
 
     def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
         """(loss, nll, n_tokens) sums of a batch (document masks and positions applied for packed blocks):
-        hidden states, then the fused output projection + loss (the plain reference when gradients are off)."""
+        hidden states, then the output layer's loss."""
         out = self.model(batch["ids"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
-                         compute_logits=False, output_weight=True)  # hidden (B, T, D), the output weight (V, D)
-        return linear_label_smoothed_nll(out.hidden, out.output_weight, batch["labels"], label_smoothing)
+                         compute_logits=False)  # hidden (B, T, D)
+        return self.model.lm_head.loss(out.hidden, batch["labels"], label_smoothing)
 
     def loss(self, batch: dict[str, Any],
              label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:

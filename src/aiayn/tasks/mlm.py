@@ -245,9 +245,9 @@ class MLMTask:
 
     def _logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (N, V) at the N chosen positions only, and their labels (N,)."""
-        out = self.model(batch["ids"], batch["is_token"], task="hidden", output_weight=True)  # hidden (B, T, D)
+        out = self.model(batch["ids"], batch["is_token"], task="hidden")  # hidden (B, T, D)
         chosen = batch["labels"] != IGNORE_INDEX  # (B, T)
-        return self.model.mlm_head(out.hidden[chosen], out.output_weight), batch["labels"][chosen]
+        return self.model.mlm_head(out.hidden[chosen]), batch["labels"][chosen]
 
     def loss(self, batch: dict[str, Any],
              label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:

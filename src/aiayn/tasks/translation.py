@@ -19,7 +19,6 @@ from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.tokenize.bpe import BPETokenizer
 from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder, PreparedCorpus
-from aiayn.train.fused_loss import linear_label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -173,10 +172,9 @@ class TranslationTask:
         return int(batch["n_tokens"])
 
     def _scored(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, ...]:
-        """(loss, nll, n_tokens) sums of a batch: decoder hidden states, then the fused output projection + loss
-        (the plain reference when gradients are off)."""
-        out = self.model(batch["src"], batch["tgt_in"], compute_logits=False, output_weight=True)
-        return linear_label_smoothed_nll(out.hidden, out.output_weight, batch["labels"], label_smoothing)
+        """(loss, nll, n_tokens) sums of a batch: decoder hidden states, then the output layer's loss."""
+        out = self.model(batch["src"], batch["tgt_in"], compute_logits=False)
+        return self.model.lm_head.loss(out.hidden, batch["labels"], label_smoothing)
 
     def loss(self, batch: dict[str, Any], label_smoothing: float) -> tuple[torch.Tensor, int, dict[str, float]]:
         loss, nll, n = self._scored(batch, label_smoothing)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from aiayn import allocator
+from aiayn import accel
 from aiayn.errors import AiaynError
 
 TIMEOUT = datetime.timedelta(hours=3)  # a rank waits this long for rank 0's evaluations and checkpoints
@@ -161,8 +161,8 @@ def _worker(local_rank: int, nproc: int, port: int, keep_freed: bool, fn: Callab
             kwargs: dict) -> None:
     os.environ.update({"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nproc),
                        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    if keep_freed:  # as the launching process does (see aiayn.allocator)
-        allocator.keep_freed_memory()
+    if keep_freed:  # as the launching process does
+        accel.setup_process()
     finished = False
     try:
         fn(*args, **kwargs)
@@ -184,7 +184,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, **kwargs: Any) -> Non
     """Run ``fn(*args, **kwargs)`` in ``nproc`` new processes on this machine that form one process group.
 
     ``fn`` must be importable (a module-level function); it joins the group with :func:`init_from_env`.
-    The processes keep freed memory (:func:`aiayn.allocator.keep_freed_memory`) if this one does.
+    The processes get the accelerator's process settings (:func:`aiayn.accel.setup_process`) if this one has them.
     A failure in any rank stops the others and raises :class:`AiaynError`.
     """
     if nproc < 1:
@@ -192,7 +192,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, **kwargs: Any) -> Non
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(_worker, args=(nproc, free_port(), allocator.keeps_freed_memory(), fn, args, kwargs),
+        mp.start_processes(_worker, args=(nproc, free_port(), accel.process_is_set_up(), fn, args, kwargs),
                            nprocs=nproc, start_method="spawn")
     except mp.ProcessExitedException as e:
         raise AiaynError(f"rank {e.error_index} of {nproc} stopped with exit code {e.exit_code} "

@@ -31,8 +31,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from aiayn import accel
 from aiayn.errors import AiaynError
-from aiayn.train import fused_loss
+from aiayn.threads import ThreadGovernor, threads_option
 from aiayn.train.checkpoint import (
     capture_rng,
     keep_last,
@@ -78,6 +79,7 @@ class TrainConfig:
     dtype: str = "float32"
     threads: int | None = None
     progress: bool = True
+    accel: str | None = None  # "none" | "auto"; None: $AIAYN_ACCEL, else "auto" (aiayn.accel.resolve)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -90,6 +92,8 @@ class TrainConfig:
             bad.append(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             bad.append(f"dtype={self.dtype!r} must be float32, bfloat16 or float16")
+        if self.accel is not None and self.accel not in accel.CHOICES:
+            bad.append(f"accel={self.accel!r} must be one of {', '.join(accel.CHOICES)}")
         if bad:
             raise AiaynError("invalid [train] settings:\n  - " + "\n  - ".join(bad))
 
@@ -154,10 +158,11 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     ranks = Ranks.current()
     model = task.model
     on_cpu = next(model.parameters()).device.type == "cpu"
-    if cfg.threads:
+    if cfg.threads and threads_option() is None:  # aiayn --threads N wins over train.threads
         torch.set_num_threads(cfg.threads)
     elif ranks.local_world > 1 and on_cpu:  # share the cores instead of oversubscribing them
         torch.set_num_threads(max(1, torch.get_num_threads() // ranks.local_world))
+    accel.accelerate(model, "train", cfg.accel)  # the one place training applies an accelerator
     out = Path(cfg.out_dir)
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                 weight_decay=cfg.weight_decay)
@@ -229,6 +234,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
                unit="step")
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time()}
     model.train()
+    # threads from the cores other processes leave free and the step's size, re-checked (aiayn.threads)
+    governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
     stop = cfg.max_minutes is not None and elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
     while step < cfg.max_steps and not stop:
         micro = []
@@ -259,6 +266,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         scaler.update()
         scheduler.step()
         step += 1
+        governor.after_step(total_targets)
         window["loss"] += loss_total
         window["nll"] += nll_total
         window["tokens"] += total_targets
@@ -292,7 +300,7 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         if evaluate or periodic:
             ranks.barrier()
     bar.close()
-    fused_loss.release_workspace()  # the CPU loss buffers (206 MB at GPT-2 small's vocabulary, more in bf16)
+    accel.release_workspace()  # the accelerator's training buffers, no longer needed
     rng_by_rank = gather_rng()
     averaged_dir = None
     if ranks.main:
@@ -320,8 +328,8 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
 
 def _report_average(task: Task, dirs: list[Path], metrics: dict[str, float], best: dict | None) -> None:
     """Print the averaged checkpoint's validation metrics, and a note where they are worse than ``best/``'s: in a
-    short run the last ``average_last`` periodic checkpoints reach back to its first minutes (a 12-minute run of the
-    tiny Multi30k recipe: 4.80 BLEU averaged against 22.99 for best/, docs/RESULTS.md)."""
+    short run the last ``average_last`` periodic checkpoints reach back to its first minutes, whose weights drag the
+    average down."""
     name = task.select_metric
     tqdm.write(f"averaged {len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name}): "
                + ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items()))

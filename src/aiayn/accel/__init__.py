@@ -1,0 +1,122 @@
+"""Optional acceleration, applied by one explicit call where it is wanted; the reference core never imports it.
+
+    model = build_model(config)                  # the reference: nn.Linear, nn.Dropout, torch attention
+    accelerate(model, "train")                   # the trainer, before its first step
+    accelerate(model, "decode")                  # load_pretrained / the CLI, before decoding
+
+:func:`accelerate` substitutes modules in place (same parameters, same ``state_dict``), so ``print(model)`` shows
+what was swapped. Each substitute declares what it supports (:func:`aiayn.accel.cpu.support.unsupported`) and runs
+the reference for everything else. One switch chooses: the ``accel`` argument, else the ``AIAYN_ACCEL`` environment
+variable, else ``"auto"``:
+
+- ``"none"``: the reference core only;
+- ``"auto"``: the accelerator for the model's device where there is one (today the CPU's, :mod:`aiayn.accel.cpu`;
+  on CUDA the core's torch kernels are already the fast path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from torch import nn
+
+from aiayn.errors import AiaynError
+
+ENV_VAR = "AIAYN_ACCEL"
+CHOICES = ("none", "auto")
+PURPOSES = ("train", "decode")
+
+
+def resolve(accel: str | None = None) -> str:
+    """The acceleration setting in force: ``accel`` if given, else ``$AIAYN_ACCEL``, else "auto".
+
+    Raises:
+        AiaynError: a value that is not one of :data:`CHOICES`.
+    """
+    source = "--accel" if accel is not None else ENV_VAR
+    value = (accel if accel is not None else os.environ.get(ENV_VAR, "auto")).strip().lower() or "auto"
+    if value not in CHOICES:
+        raise AiaynError(f"{source}={value!r}: choose one of {', '.join(CHOICES)}")
+    return value
+
+
+def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.Module:
+    """Apply the accelerator for ``model``'s device, in place, for ``purpose``; returns ``model``.
+
+    Args:
+        model: an aiayn model (:func:`aiayn.build_model`), on its final device and dtype.
+        purpose: "train" (substitutes what speeds up training steps and keeps their results up to float rounding) or
+            "decode" (also the weight layouts and fast steps of decoding; call it after the model is in eval mode).
+        accel: "none" or "auto" (see :func:`resolve`).
+    """
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose={purpose!r}: choose one of {PURPOSES}")
+    if resolve(accel) == "none":
+        return model
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu":
+        return model
+    from aiayn.accel import cpu
+
+    return cpu.for_training(model) if purpose == "train" else cpu.for_decoding(model)
+
+
+def substituted(model: nn.Module) -> dict[str, int]:
+    """How many modules of each accelerator class ``model`` holds (empty for the reference)."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        if type(m).__module__.startswith("aiayn.accel."):
+            counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
+    return counts
+
+
+def setup_process(accel: str | None = None) -> bool:
+    """Process-wide settings for a process that aiayn owns (the ``aiayn`` command, its training workers): with
+    acceleration on, freed memory is kept for reuse (:mod:`aiayn.accel.cpu.allocator`). Returns whether it applied."""
+    if resolve(accel) == "none":
+        return False
+    from aiayn.accel.cpu import allocator
+
+    return allocator.keep_freed_memory()
+
+
+def process_is_set_up() -> bool:
+    """Whether :func:`setup_process` applied in this process (training workers repeat what their launcher did)."""
+    from aiayn.accel.cpu import allocator
+
+    return allocator.keeps_freed_memory()
+
+
+def release_workspace() -> None:
+    """Free the accelerator's per-thread training buffers (the fused loss's), e.g. when training ends; they are made
+    again on next use."""
+    import sys
+
+    fused_loss = sys.modules.get("aiayn.accel.cpu.fused_loss")
+    if fused_loss is not None:
+        fused_loss.release_workspace()
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """An int8 copy of ``model`` for CPU inference (:func:`aiayn.accel.cpu.quantize.quantize_int8`)."""
+    from aiayn.accel.cpu.quantize import quantize_int8 as quantize
+
+    return quantize(model)
+
+
+def native_kernels_available() -> bool:
+    """Whether the CPU accelerator's compiled kernels are built and on here (a C compiler was found)."""
+    from aiayn.accel.cpu import native
+
+    return native.library() is not None
+
+
+@contextlib.contextmanager
+def native_kernels(on: bool) -> Iterator[None]:
+    """The CPU accelerator's compiled kernels on or off for the block (off: its torch paths, the same numerics)."""
+    from aiayn.accel.cpu.settings import overridden
+
+    with overridden(native=on):
+        yield

@@ -1,0 +1,183 @@
+"""The CPU accelerator's substitutes for core modules: each is a subclass that changes how, never what, is computed.
+
+They are put in place by assigning the class of an existing module (:func:`substitute`), so parameters, buffers,
+ties and ``state_dict`` stay as they are, and ``print(model)`` names them. Each runs the core's code wherever its
+fast path does not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.accel.cpu import decode_attention, native, short_attention
+from aiayn.accel.cpu.packed import FUSED_ACTIVATIONS, PackedLinear, frozen_block
+from aiayn.accel.cpu.support import step_supports
+from aiayn.models.heads import LMHead, RowTop
+from aiayn.models.stack import TransformerStack
+from aiayn.nn.attention import MultiHeadAttention, fused_attention, scaled_dot_product_attention
+from aiayn.nn.cache import DecoderCache
+from aiayn.nn.feedforward import FeedForward
+
+
+def cpu_attention_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                         dropout_p: float, is_causal: bool, scale: float) -> Tensor:
+    """The "sdpa" backend's kernel on the CPU (:data:`aiayn.nn.attention.AttentionKernel`; same shapes).
+
+    A decoding step's few queries take :mod:`~aiayn.accel.cpu.decode_attention`; training over at most 64 keys takes
+    :mod:`~aiayn.accel.cpu.short_attention`; low-precision training attends in fp32 (torch's bf16 CPU flash backward
+    is slow); everything else is :func:`aiayn.nn.attention.fused_attention`.
+    """
+    if q.device.type != "cpu":
+        return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
+    if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
+        return decode_attention.few_query_attention(q, k, v, mask, scale)
+    low = q.dtype in (torch.bfloat16, torch.float16) and short_attention.cpu_training(q, k, v)
+    if low:
+        with torch.autocast("cpu", enabled=False):
+            qf, kf, vf = q.float(), k.float(), v.float()
+            kernel = short_attention.attention if short_attention.applies(qf, kf, vf) else fused_attention
+            return kernel(qf, kf, vf, mask, bias, dropout_p, is_causal, scale).to(q.dtype)
+    if short_attention.applies(q, k, v):
+        return short_attention.attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
+    return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
+
+
+class CPUMultiHeadAttention(MultiHeadAttention):
+    """:class:`~aiayn.nn.attention.MultiHeadAttention` whose fused backend uses :func:`cpu_attention_kernel`."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
+               return_weights: bool) -> tuple[Tensor, Tensor | None]:  # noqa: D102 - as MultiHeadAttention.attend
+        return scaled_dot_product_attention(
+            q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+            return_weights=return_weights, is_causal=is_causal, scale=self.scale, kernel=cpu_attention_kernel)
+
+
+def feed_forward(ffn: FeedForward, x: Tensor, w_in: Callable[..., Tensor], w_out: Callable[[Tensor], Tensor]) -> Tensor:
+    """``ffn`` at inference with its two products given as callables (its own layers, or a decoding step's planned
+    products); the activation goes into ``w_in``'s product where the layer is a :class:`PackedLinear`.
+
+    Args:
+        x: (..., D).
+    Returns:
+        (..., D).
+    """
+    if isinstance(ffn.w_in, PackedLinear) and ffn.activation in FUSED_ACTIVATIONS:
+        h = w_in(x, activation=ffn.activation)  # (..., d_ff)
+    else:
+        h = w_in(x)  # (..., d_ff) or (..., 2*d_ff)
+        if ffn.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = ffn.act(gate) * up
+        else:
+            h = ffn.act(h)
+    return w_out(h)
+
+
+class CPUFeedForward(FeedForward):
+    """:class:`~aiayn.nn.feedforward.FeedForward` whose activation is fused into a packed product at inference."""
+
+    def forward(self, x: Tensor) -> Tensor:  # noqa: D102 - as FeedForward.forward
+        if self.training:
+            return super().forward(x)
+        return feed_forward(self, x, self.w_in, self.w_out)
+
+
+class CPUDecodingStack(TransformerStack):
+    """:class:`~aiayn.models.stack.TransformerStack` whose decoding steps (one new token per row, with a cache, at
+    inference) run as one flat program (:class:`~aiayn.accel.cpu.fast_step.FastDecoderStep`), and whose encoder pass
+    at inference runs as native layers (:class:`~aiayn.accel.cpu.fast_step.FastEncoder`), where they apply
+    (:func:`~aiayn.accel.cpu.support.step_supports`, a decoding scope, no hooks, no weights requested)."""
+
+    def forward(self, ids: Tensor, *, is_token: Tensor | None = None, positions: Tensor | None = None,
+                attn_mask: Tensor | None = None, memory: Tensor | None = None,
+                memory_is_token: Tensor | None = None, cache: DecoderCache | None = None,
+                return_weights: bool = False) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
+        from aiayn.accel.cpu.fast_step import FastDecoderStep, FastEncoder
+
+        fast_ok = not return_weights and attn_mask is None and not torch.is_grad_enabled() and not self.training
+        if fast_ok and cache is not None and ids.shape[1] == 1 and is_token is None:
+            built = self.__dict__.get("_fast_step")  # (frozen block, step or None), made once per decoding scope
+            if built is None or built[0] != frozen_block():
+                built = (frozen_block(), FastDecoderStep.build(self) if step_supports(self) else None)
+                self.__dict__["_fast_step"] = built
+            step = built[1]
+            if step is not None:
+                if memory is not None and cache.cross_attn and cache.cross_attn[0].k is None:
+                    self.project_memory(memory, cache)
+                if step.ready(cache):
+                    return step(ids, cache, positions=positions, memory_is_token=memory_is_token)[:, None], None
+        if fast_ok and cache is None and not self.causal and positions is None and memory is None:
+            encoder = FastEncoder.build(self) if step_supports(self) else None
+            if encoder is not None:
+                if is_token is None:
+                    is_token = ids != self.config.pad_id
+                out = encoder(ids, is_token)
+                if out is not None:
+                    return out, None
+        return super().forward(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory=memory,
+                               memory_is_token=memory_is_token, cache=cache, return_weights=return_weights)
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the decoding scope's step behind."""
+        state = super().__getstate__()
+        state.pop("_fast_step", None)
+        return state
+
+
+class CPULMHead(LMHead):
+    """:class:`~aiayn.models.heads.LMHead` with fused CPU forms of what is computed from its logits: the training loss
+    projects and scores in chunks (:func:`~aiayn.accel.cpu.fused_loss.linear_label_smoothed_nll`), greedy decoding
+    screens the output layer (:class:`~aiayn.accel.cpu.screened_argmax.GreedyHead`), and beam search takes each row's
+    best tokens in two native passes (:func:`aiayn.accel.cpu.native.row_top`)."""
+
+    def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:  # noqa: D102
+        from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
+
+        weight = self.proj.weight
+        if not isinstance(weight, Tensor) or h.device.type != "cpu" or self.proj.bias is not None:
+            return super().loss(h, labels, label_smoothing)
+        return linear_label_smoothed_nll(h, weight, labels, label_smoothing)
+
+    def greedy_chooser(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:  # noqa: D102
+        from aiayn.accel.cpu.screened_argmax import GreedyHead
+
+        return GreedyHead(self.proj, banned_ids)
+
+    def row_top(self, logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:  # noqa: D102
+        if native.library() is None or not native.cpu_fp32(logits):
+            return super().row_top(logits, banned_ids, n)
+        n = min(n, logits.shape[-1])
+        banned_mask = None  # (V,) bool
+        if banned_ids:
+            banned_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+            banned_mask[list(banned_ids)] = True
+
+        def top(logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+            top_lp, top_tok, lse = native.row_top(logits, n, banned_mask)
+            return top_lp, top_tok, None if eos_id is None else logits[:, eos_id:eos_id + 1] - lse[:, None]
+
+        return top
+
+
+#: core class -> its substitute, for :func:`substitute`
+SUBSTITUTES: dict[type[nn.Module], type[nn.Module]] = {
+    MultiHeadAttention: CPUMultiHeadAttention,
+    FeedForward: CPUFeedForward,
+    TransformerStack: CPUDecodingStack,
+    LMHead: CPULMHead,
+}
+
+
+def substitute(model: nn.Module, kinds: Sequence[type[nn.Module]]) -> nn.Module:
+    """Give every module of ``model`` whose class is exactly one of ``kinds`` its substitute's class, in place.
+
+    A module of a user's own subclass is left alone: its changes may be what the substitute would skip.
+    """
+    for m in model.modules():
+        cls = type(m)
+        if cls in kinds:
+            m.__class__ = SUBSTITUTES[cls]
+    return model

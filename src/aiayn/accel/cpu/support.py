@@ -1,0 +1,89 @@
+"""What the CPU accelerator's fast paths support, stated as data: config values and module types.
+
+A fast path runs only where :func:`unsupported` finds nothing; everything else takes the reference modules. A new
+config field is unsupported until it is listed here: at its default value (which :data:`NEUTRAL` fields and listed
+values cover) the model is what the fast paths were written for, at any other value they decline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.models.stack import TransformerStack
+from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.feedforward import FeedForward
+from aiayn.nn.layers import Residual, TransformerLayer
+from aiayn.nn.norms import RMSNorm
+
+#: the values of each architectural choice that every fast path (train and decode) implements
+SUPPORTED: dict[str, tuple] = {
+    "arch": ("encoder", "decoder", "encoder-decoder"),
+    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_position": ("post", "pre"),
+    "position": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
+    "rope_scaling": ("none", "linear", "ntk", "yarn"),
+    "init": ("paper", "gpt2"),
+    "pooling": ("cls", "mean"),
+    "deepnorm": (False, True),
+    "bias": (False, True),
+    "scale_embeddings": (False, True),
+    "tie_embeddings": (False, True),
+    "share_src_tgt_embeddings": (False, True),
+}
+
+#: fields that are sizes, rates or ids: any value is supported (the fast paths read them from the modules)
+NEUTRAL = frozenset({
+    "vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "n_encoder_layers", "d_ff",
+    "max_len", "dropout", "attn_dropout", "ffn_dropout", "norm_eps", "rope_theta", "rope_scaling_factor",
+    "rope_original_max_len", "t5_num_buckets", "t5_max_distance", "sliding_window", "pad_id", "n_classes",
+    "n_token_labels", "name",
+})
+
+#: the module types a fast decoding step replaces, exactly (a subclass may change what the step would skip)
+STEP_MODULES: tuple[type[nn.Module], ...] = (TransformerLayer, MultiHeadAttention, FeedForward, Residual,
+                                             nn.LayerNorm, RMSNorm, nn.Identity, nn.Dropout, nn.Linear)
+
+
+def unsupported(config: ModelConfig) -> list[str]:
+    """The config's choices that the fast paths do not implement, as "field=value" strings (empty: all supported)."""
+    problems = []
+    defaults = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        value = getattr(config, f.name)
+        if f.name in NEUTRAL:
+            continue
+        if f.name in SUPPORTED:
+            if value not in SUPPORTED[f.name]:
+                problems.append(f"{f.name}={value!r}")
+        elif value != getattr(defaults, f.name):
+            problems.append(f"{f.name}={value!r}")
+    return problems
+
+
+def step_supports(stack: TransformerStack) -> bool:
+    """Whether a decoding step may run ``stack``'s layers as a flat program: its config is supported and every module
+    in it is of a type the step implements (or the accelerator's own substitute for one)."""
+    if unsupported(stack.config):
+        return False
+    return all(_known_tree(layer) for layer in stack.layers)
+
+
+def _known(cls: type) -> bool:
+    """Whether ``cls`` is a step module or one of the accelerator's own (written for the step)."""
+    return cls in STEP_MODULES or cls.__module__.startswith("aiayn.accel.")
+
+
+def _known_tree(module: nn.Module) -> bool:
+    """Whether ``module`` and the modules in it are :func:`_known`; the children of an accelerator's own module that
+    is no core class's substitute (an :class:`~aiayn.accel.cpu.quantize.Int8Linear`'s packed parameters) are its
+    internals and not looked at."""
+    cls = type(module)
+    if not _known(cls):
+        return False
+    if cls not in STEP_MODULES and not any(base in STEP_MODULES for base in cls.__mro__[1:]):
+        return True
+    return all(_known_tree(child) for child in module.children())
