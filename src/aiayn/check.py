@@ -248,8 +248,9 @@ class _Interrupted(Exception):
 
 
 def check_resume(*, steps: int = 12) -> CheckResult:
-    """A tiny copy-task training run of ``steps`` steps, against the same run interrupted after its checkpoint at
-    ``steps // 2`` and resumed from it."""
+    """A tiny copy-task training run of ``steps`` steps on the CPU, against the same run interrupted after its
+    checkpoint at ``steps // 2`` and resumed from it. On the CPU every kernel is deterministic, so the two must be
+    bit-identical (CUDA's atomic adds would blur that; saving and resuming do not depend on the device)."""
     from aiayn.demos.copy_task import CopyTask
     from aiayn.train.checkpoint import load_training_state, read_state_dict
     from aiayn.train.trainer import TrainConfig, train
@@ -265,14 +266,14 @@ def check_resume(*, steps: int = 12) -> CheckResult:
                     raise _Interrupted
                 yield item
 
-    row = CheckResult("resume == uninterrupted", f"weights after {steps} steps (tiny copy task)", tolerance=0.0)
+    row = CheckResult("resume == uninterrupted", f"weights after {steps} steps (tiny copy task, CPU)", tolerance=0.0)
     with tempfile.TemporaryDirectory() as tmp:
         def run(out: str, resume: bool, stop_after: int | None = None) -> None:
             task = StoppingTask(seed=1, batch_size=16)
             task.stop_after = stop_after
             cfg = TrainConfig(out_dir=out, max_steps=steps, lr=3e-3, schedule="warmup_cosine", warmup=4,
                               label_smoothing=0.1, eval_every=10**6, log_every=10**6, save_every=steps // 2,
-                              seed=1, progress=False)
+                              seed=1, progress=False, device="cpu")
             with contextlib.redirect_stdout(io.StringIO()):  # the runs' own progress lines
                 try:
                     train(task, cfg, resume=resume)

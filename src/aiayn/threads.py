@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-#: a training step below this many FLOPs (forward + backward, about 6 x parameters x tokens) runs on one thread:
-#: such steps are many small kernels, and a second thread's hand-offs cost about what it saves (measured on 2 cores:
-#: see ``bench/contention.py`` and docs/performance.md)
-SMALL_STEP_FLOPS = 4e9
+#: a training step below this many FLOPs (forward + backward, about 6 x parameters x target tokens) runs on one
+#: thread: such steps are many small kernels, and a second thread's hand-offs cost about what it saves. On 2 idle
+#: cores the demo's model gained 13% from a second thread at 1e9 FLOPs a step, 54% at 4e9 and 68% at 1.5e10
+SMALL_STEP_FLOPS = 1e9
 #: a core counts as taken by other processes once they use more than this much of it
 BUSY_TOLERANCE = 0.25
 #: seconds between re-checks during training
@@ -53,6 +53,7 @@ START_WINDOW_SECONDS = 0.2
 _explicit: int | None = None  # threads given by --threads
 _adaptive = False  # whether this process chose its threads by the rule (apply_at_start), so training re-checks it
 _torch_default: int | None = None  # torch's own thread count before anything here changed it
+_said = ""  # the last notice printed, so that the same one is not printed twice
 
 
 # ---------------------------------------------------------------------------------------------- reading the machine
@@ -253,9 +254,16 @@ def apply_at_start(start: CpuSample | None = None, *, say: Callable[[str], None]
     busy = None if end is None else others_busy(start, end)
     decision = choose_threads(cores, busy, cpus=None if end is None else end.n_cpus)
     torch.set_num_threads(decision.threads)
-    if decision.message():
-        say(decision.message())
+    _announce(decision.message(), cores, say)
     return decision
+
+
+def _announce(message: str, cores: int, say: Callable[[str], None]) -> None:
+    """Say ``message`` unless it was the last thing said; an empty one after a reduction says all cores are back."""
+    global _said
+    if message != _said and (message or _said):
+        say(message or f"using all {cores} cores again: other processes left them")
+    _said = message
 
 
 # ---------------------------------------------------------------------------------------------- during training
@@ -285,7 +293,6 @@ class ThreadGovernor:
         self.last = self._sample() if self.enabled else None
         self.enabled = self.enabled and self.last is not None
         self.next_check = clock()  # the first check comes after the first step
-        self.said = ""
         self.decisions: list[Decision] = []
 
     def after_step(self, target_tokens: int) -> Decision | None:
@@ -301,8 +308,5 @@ class ThreadGovernor:
         self.decisions.append(decision)
         if decision.threads != torch.get_num_threads():
             torch.set_num_threads(decision.threads)
-        message = decision.message()
-        if message != self.said and (message or self.said):
-            self.say(message or f"using all {self.cores} cores again: other processes left them")
-        self.said = message
+        _announce(decision.message(), self.cores, self.say)
         return decision

@@ -303,6 +303,6 @@ def test_training_releases_the_cpu_loss_workspace(tmp_path: Path, corpus: Path, 
         return real(rows, vocab, device, native_softmax)
 
     monkeypatch.setattr(fused_loss, "_chunk_buffers", recording)
-    run_recipe(_recipe(tmp_path, corpus, "workspace"), [])
+    run_recipe(_recipe(tmp_path, corpus, "workspace"), ["train.device=cpu"])  # the CPU accelerator's workspace
     assert sizes  # training went through the fused loss and its workspace ...
     assert getattr(fused_loss._cpu_workspace, "buffers", None) is None  # ... and gave it back at the end

@@ -21,24 +21,27 @@ MB = 1 << 20
 def test_freed_memory_up_to_the_working_set_is_kept():
     policy = TrimPolicy()
     # a steady loop: 100 MB live between steps (weights, optimizer), 400 MB at a step's peak; what the step freed stays
-    assert not policy.should_trim(resident=450 * MB, in_use=400 * MB)
-    assert not policy.should_trim(resident=450 * MB, in_use=100 * MB)  # 350 MB kept, below the 400 MB working set
+    assert not policy.should_trim(resident=450 * MB, in_use=400 * MB, now_s=0.0)
+    assert not policy.should_trim(resident=450 * MB, in_use=100 * MB, now_s=1.0)  # 350 MB kept < 400 MB
     assert policy.cap() == max(KEEP_FLOOR_BYTES, 400 * MB)
 
 
 def test_freed_memory_past_the_cap_is_trimmed_and_the_rest_becomes_the_baseline():
     policy = TrimPolicy(floor=256 * MB)
-    assert not policy.should_trim(resident=900 * MB, in_use=500 * MB)  # kept 400 MB < working set 500 MB
-    assert policy.should_trim(resident=1800 * MB, in_use=400 * MB)  # fragmentation: 1.4 GB kept > 500 MB
-    policy.trimmed(resident=600 * MB, in_use=400 * MB)  # Python's arenas, stacks: 200 MB that is not freed memory
+    assert not policy.should_trim(resident=900 * MB, in_use=500 * MB, now_s=0.0)  # kept 400 MB < working set 500 MB
+    assert policy.should_trim(resident=1800 * MB, in_use=400 * MB, now_s=5.0)  # fragmentation: 1.4 GB kept > 500 MB
+    policy.trimmed(resident=600 * MB, in_use=400 * MB, now_s=5.0)  # Python's arenas, stacks: 200 MB not freed memory
     assert policy.baseline == 200 * MB
     assert policy.kept(resident=900 * MB, in_use=400 * MB) == 300 * MB
-    assert not policy.should_trim(resident=900 * MB, in_use=400 * MB)
+    assert not policy.should_trim(resident=900 * MB, in_use=400 * MB, now_s=10.0)
+    # fragmented again soon after: trimmed at most every min_interval_s
+    assert not policy.should_trim(resident=1800 * MB, in_use=400 * MB, now_s=10.0)
+    assert policy.should_trim(resident=1800 * MB, in_use=400 * MB, now_s=5.0 + policy.min_interval_s)
 
 
 def test_small_processes_are_never_trimmed():
     policy = TrimPolicy()
-    assert not policy.should_trim(resident=KEEP_FLOOR_BYTES + 10 * MB, in_use=10 * MB)
+    assert not policy.should_trim(resident=KEEP_FLOOR_BYTES + 10 * MB, in_use=10 * MB, now_s=0.0)
 
 
 def test_library_caches_are_capped_unless_the_environment_says_otherwise(monkeypatch):

@@ -34,6 +34,7 @@ def _restore_threads(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(threads, "_explicit", None)
     monkeypatch.setattr(threads, "_adaptive", False)
+    monkeypatch.setattr(threads, "_said", "")
     monkeypatch.setattr(threads, "_torch_default", 2)
     monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
     monkeypatch.setattr(threads, "_cgroup_cpu_limit", lambda: None)
@@ -126,6 +127,11 @@ def test_apply_at_start_drops_the_busy_core_and_says_so():
     assert decision is not None and decision.threads == 1 and torch.get_num_threads() == 1
     assert said == ["using 1 of 2 cores: 1 busy with other processes (--threads N to choose)"]
     assert threads._adaptive
+    # the trainer's first re-check finds the same: nothing more is said
+    machine, later = FakeMachine(), []
+    gov = governor(machine, 10**7, later)
+    machine.run(1.0, ours=1.0, others=1.0)
+    assert gov.after_step(1000).threads == 1 and later == []
 
 
 def test_apply_at_start_without_proc_stat_leaves_torch_alone():

@@ -11,9 +11,9 @@ gigabytes for a 2M-parameter model:
   :data:`CHECK_SECONDS` how much freed memory the process holds resident (resident anonymous memory less malloc's
   bytes in use, less what the last trim left) and, past the cap, hands the free pages back to the kernel
   (``malloc_trim``). The cap is the process's peak working set (malloc's bytes in use at their highest, at least
-  :data:`KEEP_FLOOR_BYTES`): every step's transient tensors fit in it, so a steady training loop never reaches it
-  and keeps its speed; only fragmentation beyond a second working set is released, at the cost of one step's page
-  faults.
+  :data:`KEEP_FLOOR_BYTES`): every step's transient tensors fit in it, so a loop whose heap does not fragment never
+  reaches it and keeps its speed; fragmentation beyond a second working set is released, at most every
+  :data:`MIN_TRIM_INTERVAL_SECONDS`, each time at the cost of the next steps' page faults.
 - **oneDNN's caches of compiled matrix products**: each distinct (rows, in, out) shape of an fp32 product through
   oneDNN (:mod:`aiayn.accel.cpu.gemm`) JIT-compiles a kernel that oneDNN's primitive cache and PyTorch's ideep cache
   keep, 1024 of each by default, a few hundred kilobytes apiece; token-budget batches have a new row count almost
@@ -40,6 +40,9 @@ LIBRARY_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 KEEP_FLOOR_BYTES = 256 << 20
 #: seconds between checks of the freed memory kept
 CHECK_SECONDS = 5.0
+#: seconds at least between two trims: each costs the next steps their page faults again, so a heap that fragments
+#: fast is trimmed at this pace rather than at every check
+MIN_TRIM_INTERVAL_SECONDS = 10.0
 
 _watcher: threading.Thread | None = None
 
@@ -65,6 +68,8 @@ class TrimPolicy:
     floor: int = KEEP_FLOOR_BYTES
     peak_in_use: int = 0
     baseline: int = 0
+    min_interval_s: float = MIN_TRIM_INTERVAL_SECONDS
+    last_trim_s: float = float("-inf")
 
     def cap(self) -> int:
         return max(self.floor, self.peak_in_use)
@@ -73,14 +78,16 @@ class TrimPolicy:
         """Freed bytes held resident: resident anonymous memory less live blocks less the baseline."""
         return max(0, resident - in_use - self.baseline)
 
-    def should_trim(self, resident: int, in_use: int) -> bool:
-        """Record ``in_use`` in the working set; whether the freed memory kept is past the cap."""
+    def should_trim(self, resident: int, in_use: int, now_s: float) -> bool:
+        """Record ``in_use`` in the working set; whether the freed memory kept is past the cap (and the last trim
+        at least ``min_interval_s`` ago)."""
         self.peak_in_use = max(self.peak_in_use, in_use)
-        return self.kept(resident, in_use) > self.cap()
+        return self.kept(resident, in_use) > self.cap() and now_s - self.last_trim_s >= self.min_interval_s
 
-    def trimmed(self, resident: int, in_use: int) -> None:
+    def trimmed(self, resident: int, in_use: int, now_s: float) -> None:
         """After a trim: what is left resident beyond the live blocks is the new baseline."""
         self.baseline = max(0, resident - in_use)
+        self.last_trim_s = now_s
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -114,13 +121,13 @@ def check(libc: ctypes.CDLL, policy: TrimPolicy) -> bool:
     """One check: trim (``malloc_trim(0)``: every arena's free pages back to the kernel) when past the cap.
     Returns whether it trimmed."""
     resident, in_use = resident_anonymous(), malloc_in_use(libc)
-    if resident is None or in_use is None or not policy.should_trim(resident, in_use):
+    if resident is None or in_use is None or not policy.should_trim(resident, in_use, time.monotonic()):
         return False
     libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     libc.malloc_trim(0)
     after, in_use_after = resident_anonymous(), malloc_in_use(libc)
     if after is not None and in_use_after is not None:
-        policy.trimmed(after, in_use_after)
+        policy.trimmed(after, in_use_after, time.monotonic())
     return True
 
 
