@@ -267,13 +267,14 @@ def check_resume(*, steps: int = 12) -> CheckResult:
                 yield item
 
     row = CheckResult("resume == uninterrupted", f"weights after {steps} steps (tiny copy task, CPU)", tolerance=0.0)
+    threads = torch.get_num_threads()  # pinned: a thread count changed mid-run changes the rounding
     with tempfile.TemporaryDirectory() as tmp:
         def run(out: str, resume: bool, stop_after: int | None = None) -> None:
             task = StoppingTask(seed=1, batch_size=16)
             task.stop_after = stop_after
             cfg = TrainConfig(out_dir=out, max_steps=steps, lr=3e-3, schedule="warmup_cosine", warmup=4,
                               label_smoothing=0.1, eval_every=10**6, log_every=10**6, save_every=steps // 2,
-                              seed=1, progress=False, device="cpu")
+                              seed=1, progress=False, device="cpu", threads=threads)
             with contextlib.redirect_stdout(io.StringIO()):  # the runs' own progress lines
                 try:
                     train(task, cfg, resume=resume)
