@@ -39,6 +39,15 @@ def test_freed_memory_past_the_cap_is_trimmed_and_the_rest_becomes_the_baseline(
     assert policy.should_trim(resident=1800 * MB, in_use=400 * MB, now_s=5.0 + policy.min_interval_s)
 
 
+def test_the_working_set_is_the_highest_use_of_the_last_minute():
+    policy = TrimPolicy(floor=64 * MB)
+    policy.should_trim(resident=2000 * MB, in_use=900 * MB, now_s=0.0)  # an evaluation's large transient
+    assert policy.cap() == 900 * MB
+    for i in range(memory_cap.WINDOW_CHECKS):
+        policy.should_trim(resident=900 * MB, in_use=300 * MB, now_s=5.0 * (i + 1))
+    assert policy.cap() == 300 * MB  # a minute later training's own working set is the cap again
+
+
 def test_small_processes_are_never_trimmed():
     policy = TrimPolicy()
     assert not policy.should_trim(resident=KEEP_FLOOR_BYTES + 10 * MB, in_use=10 * MB, now_s=0.0)

@@ -10,9 +10,10 @@ gigabytes for a 2M-parameter model:
   a few hundred steps), resident though no step needs it. A watcher thread (:func:`start_trimming`) checks every
   :data:`CHECK_SECONDS` how much freed memory the process holds resident (resident anonymous memory less malloc's
   bytes in use, less what the last trim left) and, past the cap, hands the free pages back to the kernel
-  (``malloc_trim``). The cap is the process's peak working set (malloc's bytes in use at their highest, at least
-  :data:`KEEP_FLOOR_BYTES`): every step's transient tensors fit in it, so a loop whose heap does not fragment never
-  reaches it and keeps its speed; fragmentation beyond a second working set is released, at most every
+  (``malloc_trim``). The cap is the process's recent working set (malloc's bytes in use at their highest over the
+  last :data:`WINDOW_CHECKS` checks, at least :data:`KEEP_FLOOR_BYTES`): every step's transient tensors fit in it,
+  so a loop whose heap does not fragment never reaches it and keeps its speed, while an evaluation's large transient
+  raises it only for a minute; fragmentation beyond a second working set is released, at most every
   :data:`MIN_TRIM_INTERVAL_SECONDS`, each time at the cost of the next steps' page faults.
 - **oneDNN's caches of compiled matrix products**: each distinct (rows, in, out) shape of an fp32 product through
   oneDNN (:mod:`aiayn.accel.cpu.gemm`) JIT-compiles a kernel that oneDNN's primitive cache and PyTorch's ideep cache
@@ -31,7 +32,8 @@ import ctypes
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 #: entries of oneDNN's primitive cache and of PyTorch's ideep cache (each 1024 by default)
 LIBRARY_CACHE_ENTRIES = 256
@@ -40,9 +42,11 @@ LIBRARY_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 KEEP_FLOOR_BYTES = 256 << 20
 #: seconds between checks of the freed memory kept
 CHECK_SECONDS = 5.0
+#: checks over which the working set (the cap) is the highest use seen: a minute
+WINDOW_CHECKS = 12
 #: seconds at least between two trims: each costs the next steps their page faults again, so a heap that fragments
 #: fast is trimmed at this pace rather than at every check
-MIN_TRIM_INTERVAL_SECONDS = 10.0
+MIN_TRIM_INTERVAL_SECONDS = 60.0
 
 _watcher: threading.Thread | None = None
 
@@ -60,16 +64,21 @@ class TrimPolicy:
 
     Attributes:
         floor: the smallest cap, in bytes.
-        peak_in_use: malloc's bytes in use at their highest so far (the process's working set).
+        recent_in_use: malloc's bytes in use at the last ``WINDOW_CHECKS`` checks; their highest is the working set.
         baseline: resident anonymous bytes that are not malloc's live blocks right after the last trim (Python's own
             arenas, thread stacks, partly used pages): not freed memory, so not counted as kept.
     """
 
     floor: int = KEEP_FLOOR_BYTES
-    peak_in_use: int = 0
+    recent_in_use: deque = field(default_factory=lambda: deque(maxlen=WINDOW_CHECKS))
     baseline: int = 0
     min_interval_s: float = MIN_TRIM_INTERVAL_SECONDS
     last_trim_s: float = float("-inf")
+
+    @property
+    def peak_in_use(self) -> int:
+        """The working set: the highest bytes in use over the recent checks."""
+        return max(self.recent_in_use, default=0)
 
     def cap(self) -> int:
         return max(self.floor, self.peak_in_use)
@@ -81,7 +90,7 @@ class TrimPolicy:
     def should_trim(self, resident: int, in_use: int, now_s: float) -> bool:
         """Record ``in_use`` in the working set; whether the freed memory kept is past the cap (and the last trim
         at least ``min_interval_s`` ago)."""
-        self.peak_in_use = max(self.peak_in_use, in_use)
+        self.recent_in_use.append(in_use)
         return self.kept(resident, in_use) > self.cap() and now_s - self.last_trim_s >= self.min_interval_s
 
     def trimmed(self, resident: int, in_use: int, now_s: float) -> None:
