@@ -129,9 +129,7 @@ def check_batched(model: nn.Module, *, length: int = 9, seed: int = 1) -> CheckR
             n = int(is_token[i].sum())
             alone = _forward_logits(model, ids[i: i + 1, :n], is_token[i: i + 1, :n],
                                     None if tgt is None else tgt[i: i + 1])
-            mine = batched[i: i + 1] if tgt is not None else batched[i: i + 1, :n]
-            if isinstance(model, DecoderModel):  # right padding: positions before it are unaffected
-                mine = batched[i: i + 1, :n]
+            mine = batched[i: i + 1] if tgt is not None else batched[i: i + 1, :n]  # real positions of row i
             diffs.append(relative_difference(mine, alone))
     row.max_diff = max(diffs)
     return row
@@ -161,7 +159,6 @@ def _step_logits(model: nn.Module, ids: Tensor, is_token: Tensor, steps: int, se
 
 def _loss_and_grads(model: nn.Module, ids: Tensor, is_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """A training step's summed loss (dropout off) and every parameter's gradient."""
-    config = model.config
     model.eval()  # the same dropout-free computation as training
     model.zero_grad(set_to_none=True)
     with torch.enable_grad():
@@ -179,7 +176,6 @@ def _loss_and_grads(model: nn.Module, ids: Tensor, is_token: Tensor) -> tuple[Te
         loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    del config
     return loss.detach(), grads
 
 

@@ -76,6 +76,20 @@ def _steps(make_stepper, fast: bool, monkeypatch: pytest.MonkeyPatch, model: tor
     return logits
 
 
+def _assert_fast_equals_modules_and_reference(make, model, reference, monkeypatch, fast_calls,  # noqa: ANN001
+                                              expected_calls: list[int]) -> None:
+    """The accelerated model's steps with the flat program (which made ``expected_calls``), its steps with the setting
+    off, and the reference model's steps: all equal, and neither of the last two took the flat program."""
+    fast = _steps(make, True, monkeypatch, model)
+    assert fast_calls == expected_calls
+    modules = _steps(make, False, monkeypatch, model)
+    want = _steps(make, True, monkeypatch, reference)
+    assert len(fast_calls) == len(expected_calls)  # neither the setting off nor the reference model took it
+    for got, mod, ref in zip(fast, modules, want, strict=True):
+        torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+        torch.testing.assert_close(mod, ref, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_seq2seq_fast_step_equals_module_step(variant: str, monkeypatch: pytest.MonkeyPatch,
                                              fast_calls: list[int]) -> None:
@@ -89,14 +103,8 @@ def test_seq2seq_fast_step_equals_module_step(variant: str, monkeypatch: pytest.
     def make(m: torch.nn.Module) -> Seq2SeqStepper:
         return Seq2SeqStepper(m, src, capacity=8, src_is_token=src != 0)
 
-    fast = _steps(make, True, monkeypatch, model)
-    assert fast_calls == [2, 6, 6, 6, 6]  # every step, the first included, took the flat program
-    modules = _steps(make, False, monkeypatch, model)
-    want = _steps(make, True, monkeypatch, reference)
-    assert len(fast_calls) == 5  # neither the setting off nor the reference model took it
-    for got, mod, ref in zip(fast, modules, want, strict=True):
-        torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
-        torch.testing.assert_close(mod, ref, atol=ATOL, rtol=0)
+    # every step, the first included, took the flat program
+    _assert_fast_equals_modules_and_reference(make, model, reference, monkeypatch, fast_calls, [2, 6, 6, 6, 6])
 
 
 @pytest.mark.parametrize("variant", list(DECODER_ONLY))
@@ -111,14 +119,8 @@ def test_lm_fast_step_equals_module_step(variant: str, monkeypatch: pytest.Monke
     def make(m: torch.nn.Module) -> LMStepper:
         return LMStepper(m, ids, is_token, capacity=4)  # smaller than needed: the cache grows
 
-    fast = _steps(make, True, monkeypatch, model)
-    assert fast_calls == [6, 6, 6, 6]  # every step after the prompts' prefill took the flat program
-    modules = _steps(make, False, monkeypatch, model)
-    want = _steps(make, True, monkeypatch, reference)
-    assert len(fast_calls) == 4  # neither the setting off nor the reference model took it
-    for got, mod, ref in zip(fast, modules, want, strict=True):
-        torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
-        torch.testing.assert_close(mod, ref, atol=ATOL, rtol=0)
+    # every step after the prompts' prefill took the flat program
+    _assert_fast_equals_modules_and_reference(make, model, reference, monkeypatch, fast_calls, [6, 6, 6, 6])
 
 
 def test_translate_and_generate_are_the_same_either_way(monkeypatch: pytest.MonkeyPatch,

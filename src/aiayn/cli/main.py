@@ -24,20 +24,21 @@ def build_parser() -> argparse.ArgumentParser:
                "weights, a fused loss, a flat decoding step; results equal the reference up to float rounding) and "
                "keeps freed memory in the process for reuse; --accel none runs the reference modules only. The "
                "environment variable AIAYN_ACCEL sets the same.")
-    _add_global_options(parser, argparse.SUPPRESS)  # before the command or, below, after it
+    _add_global_options(parser)  # before the command or, below, after it
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, setup) in commands.REGISTRY.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         setup(p)
-        _add_global_options(p, argparse.SUPPRESS)
+        _add_global_options(p)
     return parser
 
 
-def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """The options every command takes, on the main parser and on each command's."""
-    parser.add_argument("--accel", choices=accel.CHOICES, default=default,
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command takes, on the main parser and on each command's (absent unless given, so that one
+    given before the command is not reset by the command's parser)."""
+    parser.add_argument("--accel", choices=accel.CHOICES, default=argparse.SUPPRESS,
                         help="acceleration: auto (default, or $AIAYN_ACCEL) or none (the reference modules only)")
-    parser.add_argument("--threads", type=_thread_count, default=default, metavar="N",
+    parser.add_argument("--threads", type=_thread_count, default=argparse.SUPPRESS, metavar="N",
                         help="torch threads (default, unless OMP_NUM_THREADS is set: one per core that other "
                              "processes leave free, one for a small training step; re-checked every 10 s while "
                              "training, and said when fewer than the cores)")

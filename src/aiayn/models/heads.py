@@ -48,16 +48,15 @@ class LMHead(nn.Module):
     def greedy_chooser(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:
         """A chooser for greedy decoding over hidden states: h (N, D) -> each row's most likely id (N,) long (the
         first on ties), ``banned_ids`` never chosen."""
+        from aiayn.generate.common import next_scores  # local: aiayn.generate imports the models
+
         banned = list(banned_ids)
 
         def choose(h: Tensor) -> Tensor:
             weight = getattr(self.proj, "weight", None)
             if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
                 h = h.to(weight.dtype)  # the search hands over fp32 states; a bf16 model's go back exactly
-            logits = self(h)  # (N, V)
-            if banned:
-                logits = logits.index_fill(1, torch.tensor(banned, device=logits.device), float("-inf"))
-            return logits.argmax(dim=-1)
+            return next_scores(self(h), banned).argmax(dim=-1)  # (N,)
 
         return choose
 
@@ -75,14 +74,14 @@ class LMHead(nn.Module):
 
 
 def reference_row_top(logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:
-    """:meth:`LMHead.row_top` in plain torch: a ``log_softmax`` and a ``topk`` per call."""
+    """:meth:`LMHead.row_top` in plain torch: :func:`aiayn.generate.common.next_log_probs` and a ``topk`` per call."""
+    from aiayn.generate.common import next_log_probs  # local: aiayn.generate imports the models
+
     n = min(n, logits.shape[-1])
-    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=logits.device) if banned_ids else None
+    banned = list(banned_ids)
 
     def top(logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
-        if banned is not None:
-            log_probs.index_fill_(1, banned, float("-inf"))
+        log_probs = next_log_probs(logits, banned)  # (N, V) float32, banned ids -inf
         top_lp, top_tok = log_probs.topk(n, dim=-1)  # (N, n) each, best first
         return top_lp, top_tok, None if eos_id is None else log_probs[:, eos_id:eos_id + 1]
 

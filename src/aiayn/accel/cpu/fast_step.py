@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
 from aiayn.accel.cpu import native
-from aiayn.accel.cpu.modules import cpu_attention_kernel, feed_forward
+from aiayn.accel.cpu.functional import cpu_attention_kernel, feed_forward
 from aiayn.accel.cpu.native_step import NativeLayers
 from aiayn.accel.cpu.packed import ACTIVATION_FNS, PackedLinear, frozen_block
 from aiayn.accel.cpu.quantize import Int8Linear

@@ -12,37 +12,16 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from aiayn.accel.cpu import decode_attention, native, short_attention
-from aiayn.accel.cpu.packed import FUSED_ACTIVATIONS, PackedLinear, frozen_block
+from aiayn.accel.cpu import native
+from aiayn.accel.cpu.fast_step import FastDecoderStep, FastEncoder
+from aiayn.accel.cpu.functional import cpu_attention_kernel, feed_forward
+from aiayn.accel.cpu.packed import frozen_block
 from aiayn.accel.cpu.support import step_supports
 from aiayn.models.heads import LMHead, RowTop
 from aiayn.models.stack import TransformerStack
-from aiayn.nn.attention import MultiHeadAttention, fused_attention, scaled_dot_product_attention
+from aiayn.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.feedforward import FeedForward
-
-
-def cpu_attention_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-                         dropout_p: float, is_causal: bool, scale: float) -> Tensor:
-    """The "sdpa" backend's kernel on the CPU (:data:`aiayn.nn.attention.AttentionKernel`; same shapes).
-
-    A decoding step's few queries take :mod:`~aiayn.accel.cpu.decode_attention`; training over at most 64 keys takes
-    :mod:`~aiayn.accel.cpu.short_attention`; low-precision training attends in fp32 (torch's bf16 CPU flash backward
-    is slow); everything else is :func:`aiayn.nn.attention.fused_attention`.
-    """
-    if q.device.type != "cpu":
-        return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
-    if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
-        return decode_attention.few_query_attention(q, k, v, mask, scale)
-    low = q.dtype in (torch.bfloat16, torch.float16) and short_attention.cpu_training(q, k, v)
-    if low:
-        with torch.autocast("cpu", enabled=False):
-            qf, kf, vf = q.float(), k.float(), v.float()
-            kernel = short_attention.attention if short_attention.applies(qf, kf, vf) else fused_attention
-            return kernel(qf, kf, vf, mask, bias, dropout_p, is_causal, scale).to(q.dtype)
-    if short_attention.applies(q, k, v):
-        return short_attention.attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
-    return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
 
 
 class CPUMultiHeadAttention(MultiHeadAttention):
@@ -53,27 +32,6 @@ class CPUMultiHeadAttention(MultiHeadAttention):
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
             return_weights=return_weights, is_causal=is_causal, scale=self.scale, kernel=cpu_attention_kernel)
-
-
-def feed_forward(ffn: FeedForward, x: Tensor, w_in: Callable[..., Tensor], w_out: Callable[[Tensor], Tensor]) -> Tensor:
-    """``ffn`` at inference with its two products given as callables (its own layers, or a decoding step's planned
-    products); the activation goes into ``w_in``'s product where the layer is a :class:`PackedLinear`.
-
-    Args:
-        x: (..., D).
-    Returns:
-        (..., D).
-    """
-    if isinstance(ffn.w_in, PackedLinear) and ffn.activation in FUSED_ACTIVATIONS:
-        h = w_in(x, activation=ffn.activation)  # (..., d_ff)
-    else:
-        h = w_in(x)  # (..., d_ff) or (..., 2*d_ff)
-        if ffn.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = ffn.act(gate) * up
-        else:
-            h = ffn.act(h)
-    return w_out(h)
 
 
 class CPUFeedForward(FeedForward):
@@ -95,22 +53,16 @@ class CPUDecodingStack(TransformerStack):
                 attn_mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_is_token: Tensor | None = None, cache: DecoderCache | None = None,
                 return_weights: bool = False) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
-        from aiayn.accel.cpu.fast_step import FastDecoderStep, FastEncoder
-
         fast_ok = not return_weights and attn_mask is None and not torch.is_grad_enabled() and not self.training
         if fast_ok and cache is not None and ids.shape[1] == 1 and is_token is None:
-            built = self.__dict__.get("_fast_step")  # (frozen block, step or None), made once per decoding scope
-            if built is None or built[0] != frozen_block():
-                built = (frozen_block(), FastDecoderStep.build(self) if step_supports(self) else None)
-                self.__dict__["_fast_step"] = built
-            step = built[1]
+            step = self._for_block("_fast_step", FastDecoderStep.build)
             if step is not None:
                 if memory is not None and cache.cross_attn and cache.cross_attn[0].k is None:
                     self.project_memory(memory, cache)
                 if step.ready(cache):
                     return step(ids, cache, positions=positions, memory_is_token=memory_is_token)[:, None], None
         if fast_ok and cache is None and not self.causal and positions is None and memory is None:
-            encoder = FastEncoder.build(self) if step_supports(self) else None
+            encoder = self._for_block("_fast_encoder", FastEncoder.build)
             if encoder is not None:
                 if is_token is None:
                     is_token = ids != self.config.pad_id
@@ -120,10 +72,20 @@ class CPUDecodingStack(TransformerStack):
         return super().forward(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory=memory,
                                memory_is_token=memory_is_token, cache=cache, return_weights=return_weights)
 
+    def _for_block(self, name: str, build: Callable[[TransformerStack], object]) -> object:
+        """``build(self)``, made once per :func:`~aiayn.accel.cpu.packed.frozen_weights` block (a decoding scope) and
+        kept under ``name``; None where the stack is not supported (:func:`~aiayn.accel.cpu.support.step_supports`)."""
+        block = frozen_block()
+        built = self.__dict__.get(name)  # (block, what was built, or None)
+        if built is None or built[0] != block:
+            built = self.__dict__[name] = (block, build(self) if step_supports(self) else None)
+        return built[1]
+
     def __getstate__(self) -> dict:
-        """Copies and pickles leave the decoding scope's step behind."""
+        """Copies and pickles leave the decoding scope's step and encoder pass behind."""
         state = super().__getstate__()
         state.pop("_fast_step", None)
+        state.pop("_fast_encoder", None)
         return state
 
 
