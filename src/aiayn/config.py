@@ -26,6 +26,51 @@ INITS = ("paper", "gpt2")
 POOLINGS = ("cls", "mean")
 
 
+def type_problem(value: Any, annotation: str) -> str | None:
+    """Why ``value`` does not fit a dataclass field's ``annotation`` (``"int"``, ``"float | None"``, ``"bool"``,
+    ``"str"``, ``"tuple[float, float]"``), or None when it does. An int is fine for a float; a bool is never a
+    number."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None:
+        return None if "None" in kinds else "must be set (null is not allowed here)"
+    for kind in kinds:
+        if kind == "bool" and isinstance(value, bool):
+            return None
+        if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if kind == "str" and isinstance(value, str):
+            return None
+        if kind.startswith("tuple[") and isinstance(value, (list, tuple)):
+            inner = [k.strip() for k in kind[len("tuple["):-1].split(",")]
+            if len(value) == len(inner) and all(type_problem(v, k) is None for v, k in zip(value, inner)):
+                return None
+    words = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}
+    wanted = [words.get(k, f"a list of {len(k.split(','))} numbers" if k.startswith("tuple[") else k)
+              for k in kinds if k != "None"]
+    return "must be " + " or ".join(wanted) + (", or null (left out)" if "None" in kinds else "")
+
+
+def type_problems(config: Any) -> list[str]:
+    """``key=value: must be ...`` for every field of a dataclass instance whose value has the wrong type."""
+    out = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        problem = type_problem(value, str(f.type))
+        if problem is not None:
+            example = "" if f.default in (dataclasses.MISSING, None) else f", e.g. {f.name} = {json.dumps(f.default)}"
+            out.append(f"{f.name}={value!r}: {problem}{example}")
+    return out
+
+
+def unknown_key(key: str, value: Any, known: Any) -> str:
+    """``key=value: unknown key; did you mean ...`` (or the valid keys when none is close)."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(known))}"
+    return f"{key}={value!r}: unknown key; {hint}"
+
+
 @dataclass
 class ModelConfig:
     """Every architectural choice of an aiayn model.
@@ -110,13 +155,17 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ validation
     def problems(self) -> list[str]:
-        """Every problem with this config, as readable sentences (empty when valid)."""
-        p: list[str] = []
+        """Every problem with this config, each as ``key=value: problem; fix`` (empty when valid)."""
+        p = type_problems(self)
+        typed = {m.split("=", 1)[0] for m in p}  # keys whose value has the wrong type: no further rules
+
+        def ok(*names: str) -> bool:
+            return not typed.intersection(names)
 
         def choice(name: str, options: tuple[str, ...]) -> None:
             value = getattr(self, name)
-            if value not in options:
-                p.append(f"{name}={value!r} is not one of {', '.join(options)}")
+            if ok(name) and value not in options:
+                p.append(f"{name}={value!r}: unknown; choose one of {', '.join(options)}")
 
         choice("arch", ARCHS)
         choice("activation", ACTIVATIONS)
@@ -128,49 +177,59 @@ class ModelConfig:
         choice("pooling", POOLINGS)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "t5_num_buckets",
                      "t5_max_distance"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) \
-                    or getattr(self, name) < 1:
-                p.append(f"{name}={getattr(self, name)!r} must be a positive integer")
+            if ok(name) and getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
         for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
                      "n_token_labels", "rope_original_max_len"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                p.append(f"{name}={v!r} must be a positive integer or null")
-        if isinstance(self.d_model, int) and isinstance(self.n_heads, int) and self.n_heads > 0 \
-                and isinstance(self.n_kv_heads, (int, type(None))):
+            if ok(name) and v is not None and v < 1:
+                p.append(f"{name}={v!r}: must be a whole number >= 1, or null (left out)")
+        if ok("d_model", "n_heads", "n_kv_heads") and self.d_model >= 1 and self.n_heads >= 1:
             if self.d_model % self.n_heads:
-                p.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+                p.append(f"d_model={self.d_model}: not divisible by n_heads={self.n_heads}; pick n_heads that "
+                         "divides d_model")
             elif self.position == "rope" and self.head_dim % 2:
-                p.append(f"rope needs an even head width, got d_model/n_heads={self.head_dim}")
-            if self.n_kv_heads and self.n_heads % self.n_kv_heads:
-                p.append(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
-        def number(name: str) -> bool:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                p.append(f"{name}={value!r} must be a number")
-                return False
-            return True
-
+                p.append(f"position='rope': needs an even head width, got d_model/n_heads={self.head_dim}; "
+                         "change d_model or n_heads")
+            if self.n_kv_heads and self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads:
+                p.append(f"n_kv_heads={self.n_kv_heads}: n_heads={self.n_heads} is not divisible by it; pick a "
+                         "divisor of n_heads")
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
-            if number(name) and not 0.0 <= getattr(self, name) < 1.0:
-                p.append(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if number("norm_eps") and self.norm_eps <= 0:
-            p.append(f"norm_eps={self.norm_eps} must be positive")
-        if number("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
-            p.append(f"rope_scaling_factor={self.rope_scaling_factor} must be >= 1 when rope_scaling is set")
-        number("rope_theta")
-        if self.deepnorm and self.norm_position != "post":
-            p.append("deepnorm=true needs norm_position='post' (DeepNorm scales post-LN residuals)")
-        if self.arch == "encoder-decoder" and self.share_src_tgt_embeddings and self.tgt_vocab_size not in (
-            None, self.vocab_size):
-            p.append("share_src_tgt_embeddings=true needs one joint vocabulary: set tgt_vocab_size=null "
-                     "or share_src_tgt_embeddings=false")
+            if ok(name) and not 0.0 <= getattr(self, name) < 1.0:
+                p.append(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if ok("norm_eps") and self.norm_eps <= 0:
+            p.append(f"norm_eps={self.norm_eps}: must be > 0, e.g. 1e-5")
+        if ok("rope_theta") and self.rope_theta <= 0:
+            p.append(f"rope_theta={self.rope_theta}: must be > 0, e.g. 10000.0")
+        if ok("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
+            p.append(f"rope_scaling_factor={self.rope_scaling_factor}: must be >= 1 when rope_scaling is set")
+        if ok("deepnorm") and self.deepnorm and self.norm_position != "post":
+            p.append("deepnorm=True: needs norm_position='post' (DeepNorm scales post-LN residuals); set "
+                     "deepnorm=false or norm_position='post'")
+        if self.arch == "encoder-decoder" and self.share_src_tgt_embeddings is True and self.tgt_vocab_size not in (
+                None, self.vocab_size):
+            p.append(f"tgt_vocab_size={self.tgt_vocab_size!r}: share_src_tgt_embeddings=true needs one joint "
+                     "vocabulary; set tgt_vocab_size=null or share_src_tgt_embeddings=false")
         if self.sliding_window is not None and self.arch == "encoder":
-            p.append("sliding_window applies to causal self-attention; it is not supported for arch='encoder'")
-        if not isinstance(self.pad_id, int) or (isinstance(self.vocab_size, int)
-                                                and not 0 <= self.pad_id < max(self.vocab_size, 1)):
-            p.append(f"pad_id={self.pad_id} must be a valid token id below vocab_size={self.vocab_size}")
+            p.append(f"sliding_window={self.sliding_window!r}: applies to causal self-attention; it is not "
+                     "supported for arch='encoder'")
+        if ok("pad_id") and (self.pad_id < 0 or (ok("vocab_size") and self.pad_id >= max(self.vocab_size, 1))):
+            p.append(f"pad_id={self.pad_id}: must be a valid token id below vocab_size={self.vocab_size}")
         return p
+
+    @classmethod
+    def check(cls, data: dict[str, Any]) -> list[str]:
+        """The problems :meth:`from_dict` would raise for ``data`` (unknown keys first), as a list.
+
+        Each item reads ``key=value: problem; fix``; nothing is built.
+        """
+        known = {f.name for f in fields(cls)}
+        p = [unknown_key(k, data[k], known) for k in data if k not in known]
+        config = cls.__new__(cls)
+        for f in fields(cls):  # a config that skipped __post_init__, so that its problems can be listed
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            setattr(config, f.name, data.get(f.name, default))
+        return p + config.problems()
 
     # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer
-from aiayn.train.checkpoint import load_config, load_model_state
+from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
 
 
 @dataclass
@@ -75,7 +75,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     cache: dict[str, Tokenizer] = {}
     for role, name in meta.get("tokenizers", {}).items():
         if name not in cache:
-            cache[name] = load_tokenizer(d / name)
+            cache[name] = load_tokenizer(checkpoint_file(d, name))
         tokenizers[role] = cache[name]
     model = model.to(device).eval()
     if int8:

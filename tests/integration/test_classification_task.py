@@ -212,3 +212,28 @@ def test_broken_tsv_row_is_a_clear_error(tmp_path: Path, data: dict[str, Path],
 def test_classify_rejects_other_checkpoints(mlm_checkpoint: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["classify", "--checkpoint", str(mlm_checkpoint)]) == 2
     assert "classification" in capsys.readouterr().err
+
+
+def _named(recipe: Path, names: str) -> Path:
+    """``recipe`` with ``[data] label_names = NAMES``."""
+    recipe.write_text(recipe.read_text(encoding="utf-8").replace("[data]\n", f"[data]\nlabel_names = {names}\n"),
+                      encoding="utf-8")
+    return recipe
+
+
+def test_label_names_are_saved_and_shown(tmp_path: Path, data: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    run_recipe(_named(_recipe(tmp_path, data, "classification", "named", 3), '{ 0 = "negative", 1 = "positive" }'),
+               [])
+    best = tmp_path / "named" / "best"
+    pre = load_pretrained(best)
+    assert pre.meta["labels"] == ["0", "1"] and pre.meta["label_names"] == ["negative", "positive"]
+    assert set(evaluate_classifier(pre, data["valid"])["per_class"]) == {"negative", "positive"}
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the film was brilliant\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["classify", "--checkpoint", str(best), "--input", str(texts)]) == 0
+    assert capsys.readouterr().out.split("\t")[0] in ("negative", "positive")
+
+    bad = _named(_recipe(tmp_path, data, "classification", "badly_named", 3), '{ 0 = "negative", 2 = "positive" }')
+    with pytest.raises(AiaynError, match=r"label_names .*missing \['1'\]"):
+        run_recipe(bad, [])

@@ -17,7 +17,7 @@ from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
 from aiayn.tasks.translation import TranslationTask
-from aiayn.train.checkpoint import load_training_state
+from aiayn.train.checkpoint import load_config, load_training_state
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.recipe import load_recipe
 
@@ -102,8 +102,9 @@ CHRF_TOLERANCE = 5.0  # seen: int8 and bf16 within 2 of fp32
 
 def test_int8_and_bf16_inference_score_close_to_fp32(tmp_path: Path, corpus_dir: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
-    run_recipe(_recipe(tmp_path, corpus_dir), LEARNED)
+    run_recipe(_recipe(tmp_path, corpus_dir), [*LEARNED, "eval.bleu_sentences=20", "eval.bleu_beam=4"])
     best = str(tmp_path / "run" / "best")
+    validation = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_bleu" in r][-1]
     evaluate = ["evaluate", "--checkpoint", best, "--src", str(corpus_dir / "valid.src"),
                 "--ref", str(corpus_dir / "valid.tgt")]
     src = tmp_path / "in.txt"
@@ -115,9 +116,15 @@ def test_int8_and_bf16_inference_score_close_to_fp32(tmp_path: Path, corpus_dir:
         report = json.loads(capsys.readouterr().out)
         assert report["sentences"] == 20
         chrf[name] = report["chrf"]
+        if name == "fp32":
+            bleu_fp32, signature = report["sacrebleu"], report["sacrebleu_signature"]
         assert main(["translate", "--checkpoint", best, "-i", str(src), *flags]) == 0
         lines[name] = capsys.readouterr().out.rstrip("\n").split("\n")
     assert chrf["fp32"] > FP32_CHRF_FLOOR, chrf  # first: the comparison below is between real translations
+    # BLEU has one scale and one signature: the score logged in training is the one `evaluate` prints (the same 20
+    # sentences, beam 4; the training model's and the loaded model's float rounding may flip a rare token)
+    assert abs(validation["val_bleu"] - bleu_fp32) < 2.0 and bleu_fp32 > 5.0, (validation, bleu_fp32)
+    assert validation["bleu_signature"] == signature == load_config(best)["metrics"]["bleu_signature"]
     assert abs(chrf["int8"] - chrf["fp32"]) < CHRF_TOLERANCE, chrf
     assert abs(chrf["bf16"] - chrf["fp32"]) < CHRF_TOLERANCE, chrf
     for name, out in lines.items():  # one non-empty translation per input line

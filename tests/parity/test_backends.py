@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from aiayn import ModelConfig, build_model
 from aiayn.accel import accelerate
-from aiayn.accel.cpu import modules as cpu_modules
+from aiayn.accel.cpu import functional as cpu_functional
 from aiayn.accel.cpu import short_attention
 from aiayn.accel.cpu.modules import cpu_attention_kernel
 from aiayn.config import ARCHS, POSITIONS
@@ -313,8 +313,8 @@ def test_only_an_accelerated_model_trains_low_precision_attention_in_float32(arc
     """A bf16 model accelerated for training attends in float32 on the CPU (every attention of a step), the
     reference model in its own dtype through torch's kernel; both train to close losses."""
     seen: list[torch.dtype] = []  # the dtype of every attention the accelerator's kernel serves
-    real_fused = cpu_modules.fused_attention
-    monkeypatch.setattr(cpu_modules, "fused_attention",
+    real_fused = cpu_functional.fused_attention
+    monkeypatch.setattr(cpu_functional, "fused_attention",
                         lambda q, *a, **kw: seen.append(q.dtype) or real_fused(q, *a, **kw))
     real_short = short_attention.attention
     monkeypatch.setattr(short_attention, "attention",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
+import subprocess
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,15 +17,21 @@ from torch import nn
 
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import (
+    CONFIG_FILE,
+    MANIFEST_FILE,
     MODEL_FILE,
     STATE_FILE,
     average_checkpoints,
     capture_rng,
+    checkpoint_dir,
+    checkpoint_file,
     keep_last,
     load_config,
     load_model_state,
     load_training_state,
     read_state_dict,
+    recover_checkpoint,
+    recovered_file,
     restore_rng,
     save_checkpoint,
 )
@@ -69,7 +77,7 @@ def test_round_trip_is_bit_exact_and_ties_survive(tmp_path: Path) -> None:
         scheduler=sched,
         train_state={"step": 3, "epoch": 0, "data": {"offset": 17}, "extra": {"best": 1.5}},
     )
-    assert sorted(p.name for p in ck.iterdir()) == ["config.json", MODEL_FILE, STATE_FILE]
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", MANIFEST_FILE, MODEL_FILE, STATE_FILE]
     assert load_config(ck) == cfg
 
     torch.manual_seed(99)
@@ -126,7 +134,9 @@ def test_crash_leftovers_still_load(tmp_path: Path) -> None:
     target = tmp_path / "latest"
     save_checkpoint(target, m0, {"v": 0})
     # Crash while writing: a half-written temporary sibling is left behind.
-    tmp = tmp_path / ".latest.tmp-1234-deadbeef"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tmp = tmp_path / f".latest.tmp-{dead.pid}-deadbeef"  # as older versions named it: no host
     tmp.mkdir()
     (tmp / "config.json").write_text("{broken")
     assert load_config(target) == {"v": 0}
@@ -152,7 +162,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
     def bad_writer(directory: Path) -> None:
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(AiaynError, match="disk full; cannot save the checkpoint"):
         save_checkpoint(target, m, {"v": 1}, tokenizer_writer=bad_writer)
     with pytest.raises(AiaynError, match="not JSON-serializable"):
         save_checkpoint(target, m, {"v": object()})
@@ -194,10 +204,16 @@ def test_missing_or_corrupt_checkpoints_raise_naming_the_path(tmp_path: Path) ->
     with pytest.raises(AiaynError, match=r"config.json:3: invalid JSON"):
         load_config(ck)
     (ck / STATE_FILE).write_bytes(b"not a zip")
-    with pytest.raises(AiaynError, match=STATE_FILE):
+    with pytest.raises(AiaynError, match=f"{STATE_FILE}: checksum mismatch"):
         load_training_state(ck)
     (ck / STATE_FILE).unlink()
+    with pytest.raises(AiaynError, match=f"{STATE_FILE}: missing, though {MANIFEST_FILE} lists it"):
+        load_training_state(ck)
+    (ck / MANIFEST_FILE).unlink()  # a checkpoint from before manifests: read unverified
     assert load_training_state(ck) is None
+    (ck / STATE_FILE).write_bytes(b"not a zip")
+    with pytest.raises(AiaynError, match=f"{STATE_FILE}: cannot read training state"):
+        load_training_state(ck)
     # Weights of another shape: a clear error, not a raw RuntimeError.
     good = save_checkpoint(tmp_path / "other", Tiny(vocab=20), {})
     with pytest.raises(AiaynError, match="do not fit the model"):
@@ -208,6 +224,9 @@ def test_training_state_refuses_pickled_objects(tmp_path: Path) -> None:
     ck = save_checkpoint(tmp_path / "ck", Tiny(), {}, train_state={"step": 1})
 
     torch.save({"format_version": 1, "x": Fraction(1, 3)}, ck / STATE_FILE)  # needs unpickling
+    with pytest.raises(AiaynError, match="checksum mismatch"):  # the manifest catches the edit first
+        load_training_state(ck)
+    (ck / MANIFEST_FILE).unlink()
     with pytest.raises(AiaynError, match="corrupt or unsafe"):
         load_training_state(ck)
 
@@ -256,7 +275,7 @@ def test_write_average_and_the_average_command(tmp_path: Path, capsys) -> None:
     assert [p.name for p in periodic_checkpoints(run)] == ["step-200", "step-400", "step-1000"]
 
     out = write_average([run / "step-400", run / "step-1000"], tmp_path / "avg")
-    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.safetensors", "tok.json"]
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", MANIFEST_FILE, "model.safetensors", "tok.json"]
     got = read_state_dict(out)
     want = average_checkpoints([run / "step-400", run / "step-1000"])
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
@@ -351,3 +370,136 @@ def test_an_averaged_checkpoint_worse_than_best_is_reported(mode: str, avg: floa
         assert "reaches back to step-200" in out and "train.average_last" in out
     _report_average(task, dirs, {task.select_metric: avg}, None)  # no best/ (no evaluation): nothing to compare
     assert "worse" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------- manifest, recovery, format
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint-format-1"
+
+
+def test_the_format_1_fixture_loads_forever() -> None:
+    """A checkpoint written by format 1 (tests/fixtures/make_checkpoint_fixture.py) loads: a format change must
+    bring a migration that keeps this test passing, not a new fixture."""
+    from aiayn.config import ModelConfig
+    from aiayn.models.build import build_model
+    from aiayn.pretrained import load_pretrained
+
+    manifest = json.loads((FIXTURE / MANIFEST_FILE).read_text())
+    assert manifest["format_version"] == 1
+    assert sorted(manifest["files"]) == ["config.json", MODEL_FILE, "tokenizer.json", STATE_FILE]
+    for name, entry in manifest["files"].items():  # the manifest itself is in today's layout
+        data = (FIXTURE / name).read_bytes()
+        assert len(data) == entry["size"] and hashlib.sha256(data).hexdigest() == entry["sha256"], name
+    meta = load_config(FIXTURE)
+    model = build_model(ModelConfig.from_dict(meta["model"]), init=False)
+    load_model_state(FIXTURE, model)
+    total = sum(float(t.double().sum()) for t in model.state_dict().values() if t.is_floating_point())
+    state = load_training_state(FIXTURE)
+    assert state is not None and state["format_version"] == 1 and state["step"] == 1
+    assert state["position"] == {"epoch": 0, "batch": 1}
+    assert abs(total - state["weight_sum"]) < 1e-6 * max(1.0, abs(total))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler = build_scheduler(optimizer, "warmup_cosine", warmup=2, total=10)
+    scheduler.load_state_dict(state["scheduler"])
+    assert scheduler.last_epoch == 1
+    restore_rng(state["rng"])
+    loaded = load_pretrained(FIXTURE)
+    text = "to be"
+    assert loaded.tokenizers["text"].decode(loaded.tokenizers["text"].encode(text)) == text
+
+
+def test_the_manifest_lists_every_other_file(tmp_path: Path) -> None:
+    tok = tmp_path / "tok.json"
+    tok.write_text("{}")
+    ck = save_checkpoint(tmp_path / "ck", Tiny(), {"a": 1}, train_state={"step": 1}, tokenizer_writer=[tok])
+    manifest = json.loads((ck / MANIFEST_FILE).read_text())
+    assert manifest["format_version"] == 1
+    assert sorted(manifest["files"]) == sorted(p.name for p in ck.iterdir() if p.name != MANIFEST_FILE)
+    for name, entry in manifest["files"].items():
+        data = (ck / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ck / "notes.txt").write_text("added later")  # not listed: readers of other files do not mind
+    assert load_config(ck) == {"a": 1}
+    bare = save_checkpoint(tmp_path / "bare", Tiny(), {})
+    assert load_training_state(bare) is None
+    shutil.copy(ck / STATE_FILE, bare / STATE_FILE)  # a training state slipped into a checkpoint saved without one
+    with pytest.raises(AiaynError, match=f"{STATE_FILE}: not part of this checkpoint"):
+        load_training_state(bare)
+
+
+def test_a_checkpoint_from_before_manifests_still_loads(tmp_path: Path) -> None:
+    m, opt, _ = _trained(0)
+    ck = save_checkpoint(tmp_path / "ck", m, {"v": 0}, optimizer=opt)
+    (ck / MANIFEST_FILE).unlink()
+    assert checkpoint_dir(ck) == ck
+    assert load_config(ck) == {"v": 0} and load_training_state(ck) is not None
+    m2 = Tiny()
+    load_model_state(ck, m2)
+    assert torch.equal(m2.ff.weight, m.ff.weight)
+    save_checkpoint(ck, m2, {"v": 1})  # and is replaced by a save as before
+    assert load_config(ck) == {"v": 1} and (ck / MANIFEST_FILE).is_file()
+
+
+def test_every_reader_finds_the_old_copy_of_a_save_cut_between_its_renames(tmp_path: Path) -> None:
+    from aiayn.pretrained import load_pretrained
+    from aiayn.tokenize import load_tokenizer
+
+    fixture = tmp_path / "run" / "last"
+    shutil.copytree(FIXTURE, fixture)
+    fixture.rename(fixture.with_name("last.old"))  # a kill after `last -> last.old`, before `tmp -> last`
+    assert checkpoint_dir(fixture) == fixture.with_name("last.old")
+    assert checkpoint_file(fixture, "tokenizer.json") == fixture.with_name("last.old") / "tokenizer.json"
+    assert load_tokenizer(fixture / "tokenizer.json").vocab_size > 5  # a path built by hand
+    assert load_pretrained(fixture).tokenizers["text"].vocab_size > 5
+    assert load_training_state(fixture)["step"] == 1
+    assert recover_checkpoint(fixture) == fixture and fixture.is_dir()
+    assert not fixture.with_name("last.old").exists() and load_config(fixture)["task"] == "lm"
+
+
+def test_an_incomplete_checkpoint_gives_way_to_a_complete_old_one(tmp_path: Path) -> None:
+    m0, _, _ = _trained(0)
+    target = save_checkpoint(tmp_path / "last", m0, {"v": 0})
+    old = target.with_name("last.old")
+    shutil.copytree(target, old)
+    (target / MODEL_FILE).write_bytes(b"short")  # not the size the manifest says
+    assert checkpoint_dir(target) == old and recovered_file(target / CONFIG_FILE) == old / CONFIG_FILE
+    assert torch.equal(read_state_dict(target)["ff.weight"], m0.ff.weight)
+    m1, _, _ = _trained(1)
+    save_checkpoint(target, m1, {"v": 1})  # keeps the good copy until the new one is in place
+    assert load_config(target) == {"v": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    assert recovered_file(tmp_path / "elsewhere" / "x.json") == tmp_path / "elsewhere" / "x.json"
+
+
+def test_leftover_old_copies_never_block_a_save_but_a_users_folder_does(tmp_path: Path) -> None:
+    m = Tiny()
+    target = save_checkpoint(tmp_path / "last", m, {"v": 0}, tokenizer_writer=[_tok_file(tmp_path)])
+    old = target.with_name("last.old")
+    shutil.copytree(target, old)  # a stale .old beside a complete checkpoint
+    save_checkpoint(target, m, {"v": 1}, tokenizer_writer=[_tok_file(tmp_path)])
+    assert not old.exists()
+    old.mkdir()  # a .old half deleted by an older version: only the tokenizer file is left
+    (old / "tok.json").write_text("{}")
+    save_checkpoint(target, m, {"v": 2}, tokenizer_writer=[_tok_file(tmp_path)])
+    assert not old.exists() and load_config(target) == {"v": 2}
+    old.mkdir()
+    (old / "thesis.tex").write_text("keep me")
+    with pytest.raises(AiaynError, match=r"last.old: exists and is not a checkpoint; refusing to overwrite it"):
+        save_checkpoint(target, m, {"v": 3}, tokenizer_writer=[_tok_file(tmp_path)])
+    assert (old / "thesis.tex").read_text() == "keep me" and load_config(target) == {"v": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last", "last.old", "tok.json"]
+
+
+def test_periodic_and_keep_last_see_through_interrupted_saves(tmp_path: Path) -> None:
+    from aiayn.train.checkpoint import periodic_checkpoints
+
+    m = Tiny()
+    for step in (100, 200, 300):
+        save_checkpoint(tmp_path / f"step-{step}", m, {"step": step})
+    (tmp_path / "step-300").rename(tmp_path / "step-300.old")  # cut between its renames
+    (tmp_path / ".step-400.tmp-host-1-0123abcd").mkdir()  # another run's save in progress
+    assert [p.name for p in periodic_checkpoints(tmp_path)] == ["step-100", "step-200", "step-300"]
+    assert load_config(periodic_checkpoints(tmp_path)[-1]) == {"step": 300}
+    assert [p.name for p in keep_last(tmp_path, "step-*", 1)] == ["step-100", "step-200"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-400.tmp-host-1-0123abcd", "step-300.old"]

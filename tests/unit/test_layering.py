@@ -11,8 +11,10 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = SRC / "aiayn"
 
-#: where an accelerator is applied: these may import the entry point ``aiayn.accel`` (never ``aiayn.accel.cpu``)
-CALL_SITES = {"aiayn.pretrained", "aiayn.train.trainer", "aiayn.train.distributed", "aiayn.cli.main",
+#: where an accelerator is applied (or its switch, train.accel, validated): these may import the entry point
+#: ``aiayn.accel`` (never ``aiayn.accel.cpu``)
+CALL_SITES = {"aiayn.pretrained", "aiayn.train.trainer", "aiayn.train.train_config", "aiayn.train.distributed",
+              "aiayn.cli.main",
               "aiayn.cli.commands", "aiayn.cli.lm_commands", "aiayn.cli.check"}
 #: application code above the core (commands, demos): may import the entry point too
 APPLICATIONS = ("aiayn.cli.", "aiayn.demos.", "aiayn.check")

@@ -177,7 +177,26 @@ def test_filter_by_token_length_policies() -> None:
         "train.de:13: pair longer than 3 tokens (1 source, 4 target); skipping the pair",
         "train.de: skipped 2 over-length of 4 pairs read",
     ]
-    with pytest.raises(AiaynError, match=r"corpus, pair 1: pair longer than 3 tokens"):
+    with pytest.raises(AiaynError, match=r"corpus, pair 2: pair longer than 3 tokens"):
         filter_by_token_length(src, tgt, 3, "error")
     with pytest.raises(AiaynError, match="align"):
         filter_by_token_length(src, tgt[:2], 3, "skip")
+
+
+def test_filter_reports_the_file_lines_of_a_loaded_corpus(tmp_path: Path) -> None:
+    src = _write(tmp_path / "s.txt", b"a b\n\nc d e f\ng\n")
+    tgt = _write(tmp_path / "t.txt", b"x\n\ny\nz\n")
+    with pytest.warns(DataWarning):
+        corpus = load_parallel(src, tgt)  # line 2 is empty: the kept pairs are lines 1, 3, 4
+    assert corpus.location(1) == f"{src}:3 / {tgt}:3"
+    ids = [s.split() for s in corpus.src], [t.split() for t in corpus.tgt]
+    with pytest.raises(AiaynError, match=re.escape(f"{src}:3 / {tgt}:3: pair longer than 3 tokens")):
+        filter_by_token_length(*ids, 3, "error", origin=corpus.origin, locate=corpus.location)
+    with pytest.warns(DataWarning) as record:
+        filter_by_token_length(*ids, 3, "warn", origin=corpus.origin, locate=corpus.location)
+    assert [str(w.message) for w in record] == [
+        f"{src}:3 / {tgt}:3: pair longer than 3 tokens (4 source, 1 target); skipping the pair",
+        f"{src} + {tgt}: skipped 1 over-length of 3 pairs read",
+    ]
+    tsv = load_parallel(tsv_path=_write(tmp_path / "p.tsv", b"a\tx\n\nb c d e\ty\n"), policy="skip")
+    assert tsv.location(1) == f"{tmp_path / 'p.tsv'}:3"

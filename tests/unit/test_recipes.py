@@ -12,7 +12,7 @@ import pytest
 
 from aiayn.tasks.registry import train_config
 from aiayn.tasks.translation import build_model_config
-from aiayn.train.recipe import load_recipe, take
+from aiayn.train.recipe import load_recipe, recipe_problems, take
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
 MODULES = {"translation": "translation", "lm": "lm", "mlm": "mlm", "classification": "classification"}
@@ -39,3 +39,12 @@ def test_recipe_is_valid(path: Path) -> None:
     if "init_from" not in model:
         config = build_model_config(model, **{**FORCED[task], "vocab_size": 1000})
         assert config.d_model % config.n_heads == 0
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_passes_the_checks_run_before_training(path: Path) -> None:
+    """Every section of every shipped recipe is valid; only data and checkpoints this machine lacks may be
+    missing (the shared corpora, the checkpoint a fine-tuning recipe starts from)."""
+    problems = recipe_problems(load_recipe(path, []))
+    absent = ("no such file", "no checkpoint directory")
+    assert [p for p in problems if not any(a in p for a in absent)] == []

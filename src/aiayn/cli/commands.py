@@ -22,20 +22,37 @@ def command(name: str, help_text: str):
 
 
 def _read_input(path: str | None) -> list[str]:
+    """The lines of ``path`` (plain or .gz), or of stdin for ``None`` and ``-``, without their line ends."""
     if path is None or path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
+        return [line.rstrip("\n").removesuffix("\r") for line in sys.stdin]
     from aiayn.data.text_io import read_lines
 
     return read_lines(path)
 
 
-def _add_decode_args(p: argparse.ArgumentParser) -> None:
+def _add_decode_args(p: argparse.ArgumentParser, batch_help: str = "sentences decoded together (default 64)") -> None:
     """``--beam``, ``--alpha``, ``--batch-size``: beam search settings of translate and evaluate."""
     p.add_argument("--beam", type=int, default=None,
                    help="beam size (default: the checkpoint's [decode] beam, else 4)")
     p.add_argument("--alpha", type=float, default=None,
                    help="GNMT length penalty alpha (default: the checkpoint's [decode] alpha, else 0.6)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together (default 64)")
+    p.add_argument("--batch-size", type=int, default=64, help=batch_help)
+
+
+def _add_on_long_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--on-long``: what an input longer than the model takes does (see :mod:`aiayn.generate.inputs`)."""
+    from aiayn.generate.inputs import ON_LONG
+
+    p.add_argument("--on-long", choices=ON_LONG, default="warn",
+                   help=f"an input longer than the model takes: warn (default: {what}, and a warning on stderr "
+                        "names the input, its length in tokens and the model's limit), error (stop before decoding "
+                        "anything, exit 2) or truncate (cut without a warning)")
+
+
+def _warn(command: str, messages: list[str]) -> None:
+    """Print warnings on stderr as ``aiayn COMMAND: warning: ...``."""
+    for m in messages:
+        print(f"aiayn {command}: warning: {m}", file=sys.stderr)
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
@@ -118,13 +135,16 @@ def _train(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- translate
-@command("translate", "Translate sentences (a file or stdin, one per line) with beam search.")
+@command("translate", "Translate sentences (a file or stdin, one per line) with beam search. A blank line gives a "
+                      "blank line; a line longer than the model takes is cut and named on stderr (--on-long), and so "
+                      "is a line more than one in ten of whose tokens the tokenizer does not know.")
 def _translate(p: argparse.ArgumentParser) -> None:
     _add_ensemble_checkpoint_arg(p)
     p.add_argument("--input", "-i", help="source file (plain or .gz); default stdin")
     p.add_argument("--output", "-o", help="output file; default stdout")
     _add_decode_args(p)
     p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
+    _add_on_long_arg(p, "translate its first max_len tokens")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -132,7 +152,7 @@ def _translate(p: argparse.ArgumentParser) -> None:
         if loaded[0].task != "translation":
             raise AiaynError(f"{args.checkpoint[0]}: a {loaded[0].task!r} checkpoint; translate needs a translation "
                              "model")
-        outs = _translate_lines(loaded, args, _read_input(args.input), n_best=args.n_best)
+        outs = _translate_lines(loaded, args, _read_input(args.input), n_best=args.n_best, source=args.input)
         text = [o if isinstance(o, str) else " ||| ".join(o) for o in outs]
         _write_output(args.output, text)
         return 0
@@ -140,20 +160,46 @@ def _translate(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n_best: int = 1) -> list:
-    """Translate ``lines`` with the loaded translation checkpoint(s) (several: an ensemble), lower-cased if the
-    models were trained so, with ``--beam``/``--alpha``/``--batch-size`` or the checkpoint's [decode] defaults."""
+def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n_best: int = 1,
+                     source: str | None = None, command_name: str = "translate") -> list:
+    """Translate ``lines`` (read from ``source``; None: stdin) with the loaded translation checkpoint(s) (several:
+    an ensemble), lower-cased if the models were trained so, with ``--beam``/``--alpha``/``--batch-size`` or the
+    checkpoint's [decode] defaults.
+
+    A blank line becomes an empty string without a model call. Lines longer than the model's ``max_len`` follow
+    ``--on-long`` (warnings and errors name ``source:line``), and lines more than 10% of whose tokens are unknown to
+    the tokenizer are warned about.
+    """
+    from aiayn.errors import where
+    from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
+    from aiayn.generate.translate import max_output_length, source_limit
     from aiayn.tasks.translation import translate_texts
 
     pre = loaded[0]
     if pre.meta.get("lowercase"):
         lines = [x.lower() for x in lines]
     dec = pre.meta.get("decode", {})
-    return translate_texts([x.model for x in loaded], pre.tokenizers["src"], pre.tokenizers["tgt"], lines,
+    models = [x.model for x in loaded]
+    src_tok = pre.tokenizers["src"]
+    a, b = dec.get("max_len_a", 1.0), dec.get("max_len_b", 50)
+    ids = src_tok.encode_batch(lines)
+    keep = [i for i, (text, row) in enumerate(zip(lines, ids)) if not is_blank(text, row)]
+    name = input_name(source)
+    names = [where(name, i + 1) for i in keep]
+    limit = source_limit(models)
+    cap = max_output_length(models, limit, a, b)
+    _warn(command_name, check_lengths(
+        [len(ids[i]) for i in keep], limit, getattr(args, "on_long", "warn"), names, fix="split the line",
+        effect=f"only its first {limit} tokens are translated, and the translation has at most {cap} tokens"))
+    _warn(command_name, check_unknown([ids[i] for i in keep], src_tok.unk_id, names))
+    outs = translate_texts(models, src_tok, pre.tokenizers["tgt"], [lines[i] for i in keep],
                            beam=args.beam or dec.get("beam", 4),
                            alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
-                           max_len_a=dec.get("max_len_a", 1.0), max_len_b=dec.get("max_len_b", 50),
-                           batch_size=args.batch_size, n_best=n_best)
+                           max_len_a=a, max_len_b=b, batch_size=args.batch_size, n_best=n_best)
+    result: list = [""] * len(lines)
+    for i, out in zip(keep, outs):
+        result[i] = out
+    return result
 
 
 def _write_output(path: str | None, lines: list[str]) -> None:
@@ -167,8 +213,10 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- evaluate
-@command("evaluate", "Score a checkpoint on a file: sacreBLEU/chrF (translation; --src/--ref), perplexity and "
-                     "bits per character (lm; --data), accuracy/P/R/F1/confusion matrix (classification; --data).")
+@command("evaluate", "Score a checkpoint on a file: sacreBLEU/chrF (translation; --src/--ref; source lines too long "
+                     "for the model or mostly unknown to the tokenizer are named on stderr, as by translate), "
+                     "perplexity and bits per character (lm; --data; strided windows, --batch-size of them per forward "
+                     "pass, a progress bar on stderr), accuracy/P/R/F1/confusion matrix (classification; --data).")
 def _evaluate(p: argparse.ArgumentParser) -> None:
     _add_ensemble_checkpoint_arg(p)
     p.add_argument("--src", help="source file (translation)")
@@ -177,7 +225,8 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
     p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
-    _add_decode_args(p)
+    _add_decode_args(p, batch_help="sentences decoded together (translation), texts (classification) or context "
+                                   "windows (lm) per forward pass (default 64)")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -197,7 +246,8 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
         from aiayn.evaluate.run import evaluate_classifier, evaluate_lm
 
         if pre.task == "lm":
-            result = evaluate_lm(pre, args.data, context=args.context, stride=args.stride)
+            result = evaluate_lm(pre, args.data, context=args.context, stride=args.stride,
+                                 batch_size=args.batch_size, progress=True)
         else:
             result = evaluate_classifier(pre, args.data, batch_size=args.batch_size)
             print(result.pop("confusion_text", ""))
@@ -218,7 +268,7 @@ def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
-    hyps = _translate_lines(loaded, args, src)
+    hyps = _translate_lines(loaded, args, src, source=args.src, command_name="evaluate")
     if args.hyp_out:
         _write_output(args.hyp_out, hyps)
     bleu, tok_bleu, chrf = corpus_bleu(hyps, ref), tokenized_lowercase_bleu(hyps, ref), corpus_chrf(hyps, ref)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.cli.commands import _add_load_args, _load, _read_input, command
+from aiayn.cli.commands import _add_load_args, _add_on_long_arg, _load, _read_input, _warn, command
 from aiayn.errors import AiaynError
 
 
 # ---------------------------------------------------------------------------------------------- generate
-@command("generate", "Continue text prompts with a language model (tokens stream to stdout; stops at EOS).")
+@command("generate", "Continue text prompts with a language model (tokens stream to stdout; stops at EOS). A prompt "
+                     "longer than the model's context is cut to its last block_size // 2 tokens and named on stderr "
+                     "(--on-long).")
 def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="an lm checkpoint directory (e.g. runs/shakespeare-char/best)")
@@ -27,25 +29,36 @@ def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
+    _add_on_long_arg(p, "generate from the prompt's last block_size // 2 tokens")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
+        from aiayn.generate.inputs import check_lengths, input_name
         from aiayn.tasks.lm import codec_from_meta, generate_text
 
         prompts = list(args.prompt or [])
+        names = [f"prompt {i + 1}" for i in range(len(prompts))]
         if args.prompt_file:
             prompts.append(_read_prompt_file(args.prompt_file))
+            names.append(f"prompt {len(prompts)} ({input_name(args.prompt_file)})")
         if not prompts:
-            prompts = [""]
+            prompts, names = [""], ["prompt 1"]
         pre = _load(args)
         if pre.task != "lm" or "text" not in pre.tokenizers:
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; generate needs a language model "
                              "(task lm, e.g. trained from recipes/shakespeare-char.toml)")
         codec = codec_from_meta(pre.tokenizers["text"], pre.meta)
         tok = codec.tokenizer
-        for i, prompt in enumerate(prompts):
-            if tok.unk_id in codec.encode(prompt):
-                print(f"aiayn generate: warning: prompt {i + 1} has characters the tokenizer does not know; "
+        encoded = [codec.encode(prompt) for prompt in prompts]
+        context = min(pre.meta.get("block_size") or pre.config.max_len, pre.config.max_len)
+        keep = max(context // 2, 1)  # what generate_text keeps of a full context (it slides by half blocks)
+        _warn("generate", check_lengths(
+            [len(ids) for ids in encoded], context - 1, args.on_long, names, fix="shorten the prompt",
+            effect=f"the model's context holds {context} tokens, one of them for the next token, so generation "
+                   f"starts from the prompt's last {keep} tokens only"))
+        for name, ids in zip(names, encoded):
+            if tok.unk_id in ids:
+                print(f"aiayn generate: warning: {name} has characters the tokenizer does not know; "
                       "they become <unk>", file=sys.stderr)
         single = len(prompts) == 1
 
@@ -82,27 +95,46 @@ def _read_prompt_file(path: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- classify
-@command("classify", "Classify texts (a file or stdin, one per line): prints label<TAB>probability per line.")
+@command("classify", "Classify texts (a file or stdin, one per line): prints label<TAB>probability per line, the "
+                     "label by its name when the checkpoint has names ([data] label_names), else as in the training "
+                     "file. A blank line gives a blank line; a text longer than the model takes is cut and named on "
+                     "stderr (--on-long), and so is a text more than one in ten of whose tokens the tokenizer does "
+                     "not know.")
 def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
     p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128, help="texts per forward pass (default 128)")
+    _add_on_long_arg(p, "classify its first max_len - 1 tokens")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.tasks.classification import predict_proba
+        from aiayn.errors import where
+        from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
+        from aiayn.tasks.classification import display_labels, predict_proba
 
         pre = _load(args)
         if pre.task != "classification" or "labels" not in pre.meta:
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; classify needs a classification "
                              "model (e.g. trained from recipes/sst2-scratch.toml)")
+        tok = pre.tokenizers["text"]
         lines = _read_input(args.input)
+        ids = tok.encode_batch(lines)
+        keep = [i for i, (text, row) in enumerate(zip(lines, ids)) if not is_blank(text, row)]
+        names = [where(input_name(args.input), i + 1) for i in keep]
         max_len = pre.meta.get("max_len", pre.config.max_len)
-        probs = predict_proba(pre.model, pre.tokenizers["text"], lines, max_len, args.batch_size)  # (N, C)
-        labels = pre.meta["labels"]
+        _warn("classify", check_lengths(  # the model sees [BOS] text [EOS], cut to max_len
+            [len(ids[i]) for i in keep], max_len - 2, args.on_long, names, fix="split the text",
+            effect=f"only its first {max_len - 1} tokens are classified (the model takes {max_len} with the "
+                   "start and end tokens)"))
+        _warn("classify", check_unknown([ids[i] for i in keep], tok.unk_id, names))
+        probs = predict_proba(pre.model, tok, [lines[i] for i in keep], max_len, args.batch_size)  # (N, C)
+        labels = display_labels(pre.meta)
         best_p, best = probs.max(-1)  # (N,), (N,)
-        for p_, k in zip(best_p.tolist(), best.tolist()):
-            print(f"{labels[k]}\t{p_:.4f}")
+        out = [""] * len(lines)
+        for i, p_, k in zip(keep, best_p.tolist(), best.tolist()):
+            out[i] = f"{labels[k]}\t{p_:.4f}"
+        for line in out:
+            print(line)
         return 0
 
     p.set_defaults(run=run)

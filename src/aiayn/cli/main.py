@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                "weights, a fused loss, a flat decoding step; results equal the reference up to float rounding) and "
                "keeps freed memory in the process for reuse; --accel none runs the reference modules only. The "
                "environment variable AIAYN_ACCEL sets the same.")
+    parser.add_argument("--version", action="version", version=f"aiayn {_version()}",
+                        help="print aiayn's version and exit")
     _add_global_options(parser)  # before the command or, below, after it
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, setup) in commands.REGISTRY.items():
@@ -31,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
         setup(p)
         _add_global_options(p)
     return parser
+
+
+def _version() -> str:
+    """The version of the aiayn that runs (``aiayn.__version__``, kept equal to pyproject.toml's)."""
+    from aiayn import __version__
+
+    return __version__
 
 
 def _add_global_options(parser: argparse.ArgumentParser) -> None:

@@ -133,8 +133,8 @@ class RandomBlockSampler:
             raise AiaynError(f"RandomBlockSampler: batch_size must be at least 1, got {batch_size}")
         if ids.numel() <= block_size:
             raise AiaynError(
-                f"the corpus has {ids.numel()} tokens but block_size {block_size} needs at least "
-                f"{block_size + 1}; use a smaller block size or more text"
+                f"the training text has {ids.numel()} tokens but block_size={block_size} needs at least "
+                f"{block_size + 1}; lower block_size (a recipe's data.block_size) or give more text"
             )
         self.ids = ids.long()
         self.block_size = block_size

@@ -8,7 +8,7 @@ Bad pairs (an empty side, a side longer than a limit) are handled by one of thre
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -35,6 +35,7 @@ class ParallelCorpus:
         line_numbers: 1-based line of pair ``i`` in the input file(s).
         stats: ``read``, ``kept``, ``skipped_empty``, ``skipped_long`` pair counts.
         origin: the input file(s), for messages.
+        files: the input file (a TSV) or files (source, target), for :meth:`location`.
     """
 
     src: list[str]
@@ -42,9 +43,15 @@ class ParallelCorpus:
     line_numbers: list[int]
     stats: dict[str, int] = field(default_factory=dict)
     origin: str = ""
+    files: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def location(self, index: int) -> str:
+        """Where pair ``index`` came from, for messages: ``file:line``, or ``src:line / tgt:line`` for two files."""
+        line = self.line_numbers[index]
+        return " / ".join(where(f, line) for f in self.files) if self.files else where(self.origin, line)
 
 
 class FilteredPairs(NamedTuple):
@@ -69,7 +76,8 @@ class _Reporter:
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.policy == "error":
             raise AiaynError(
-                f"{location}: {problem}; {fix}, or pass policy 'skip' or 'warn' to drop such pairs"
+                f"{location}: {problem}; {fix}, or set policy to 'skip' or 'warn' (a recipe's data.policy) to "
+                "drop such pairs"
             )
         if self.policy == "warn" and n <= MAX_WARNINGS:
             warnings.warn(f"{location}: {problem}; skipping the pair", DataWarning, stacklevel=3)
@@ -129,7 +137,7 @@ def load_parallel(
     if tsv_path is not None:
         tsv = Path(tsv_path)
         src, tgt = _pairs_from_tsv(tsv)
-        origin = str(tsv)
+        origin, files = str(tsv), (str(tsv),)
 
         def loc(line: int) -> str:
             return where(tsv, line)
@@ -144,7 +152,7 @@ def load_parallel(
                 "line i of one must translate line i of the other: check that they are the matching pair "
                 "of files and that neither has lost or gained a line"
             )
-        origin = f"{sp} + {tp}"
+        origin, files = f"{sp} + {tp}", (str(sp), str(tp))
 
         def loc(line: int) -> str:
             return f"{where(sp, line)} / {where(tp, line)}"
@@ -178,7 +186,7 @@ def load_parallel(
         "skipped_empty": rep.counts.get("skipped_empty", 0),
         "skipped_long": rep.counts.get("skipped_long", 0),
     }
-    return ParallelCorpus(out_src, out_tgt, lines, stats, origin)
+    return ParallelCorpus(out_src, out_tgt, lines, stats, origin, files)
 
 
 def filter_by_token_length(
@@ -189,6 +197,7 @@ def filter_by_token_length(
     *,
     line_numbers: Sequence[int] | None = None,
     origin: str = "corpus",
+    locate: Callable[[int], str] | None = None,
 ) -> FilteredPairs:
     """Drop tokenized pairs with a side longer than ``max_tokens_per_side`` (per ``policy``).
 
@@ -200,8 +209,11 @@ def filter_by_token_length(
         max_tokens_per_side: longest side to keep, in tokens.
         policy: ``"skip"``, ``"warn"`` or ``"error"``.
         line_numbers: 1-based file lines of the pairs (e.g. ``ParallelCorpus.line_numbers``), so
-            messages can say ``origin:line``; without them messages give the pair's index.
+            messages can say ``origin:line``; without them (and without ``locate``) messages give the
+            pair's 1-based position.
         origin: the file(s) the pairs came from, for messages.
+        locate: pair index -> its location for messages (e.g. ``ParallelCorpus.location``, which
+            names both files of a two-file corpus); overrides ``line_numbers``.
 
     Returns:
         The kept pairs, their indices in the input, and stats (``read``, ``kept``, ``skipped_long``).
@@ -218,12 +230,16 @@ def filter_by_token_length(
     out_src, out_tgt, kept = [], [], []
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         if max(len(s), len(t)) > max_tokens_per_side:
-            loc = where(origin, line_numbers[i]) if line_numbers is not None else f"{origin}, pair {i}"
+            if locate is not None:
+                loc = locate(i)
+            else:
+                loc = where(origin, line_numbers[i]) if line_numbers is not None else f"{origin}, pair {i + 1}"
             rep.bad(
                 "skipped_long",
                 loc,
                 f"pair longer than {max_tokens_per_side} tokens ({len(s)} source, {len(t)} target)",
-                "raise the token limit (and the model's max length) or shorten the pair",
+                "raise the token limit (a recipe's data.max_tokens_per_side, and model.max_len) or shorten the "
+                "pair",
             )
             continue
         out_src.append(list(s))

@@ -52,31 +52,11 @@ def bits_per_character(total_nll_nats: float, n_chars: int) -> float:
     return total_nll_nats / (n_chars * math.log(2))
 
 
-@torch.no_grad()
-def sliding_window_nll(
-    logits_fn: Callable[[torch.Tensor], torch.Tensor],
-    ids: torch.Tensor,
-    context: int,
-    stride: int,
-) -> tuple[float, int]:
-    """Total negative log-likelihood of a token sequence, with Hugging Face's strided windows.
+def window_plan(n: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """The strided windows of :func:`sliding_window_nll` over ``n`` tokens: ``(begin, end, first)`` each.
 
-    Windows start at ``0, stride, 2 * stride, ...`` and hold up to ``context`` tokens; each window
-    scores only the tokens after the previous window's end (the first window scores all but its
-    first token), and the last window is the one that reaches the end of ``ids``. The first token
-    of ``ids`` has no history and is never scored: prepend a beginning-of-sequence id to score it.
-
-    Args:
-        logits_fn: maps ``x`` (1, L) LongTensor, L <= ``context``, to (1, L, V) next-token logits
-            (position i predicts token i + 1).
-        ids: (N,) LongTensor, the text.
-        context: window length, at most the model's maximum sequence length; >= 2.
-        stride: how far each window moves, 1 <= stride < ``context``. Smaller is slower and gives
-            each token more history.
-
-    Returns:
-        ``(total_nll, n_scored)``: the summed NLL in nats and the number of tokens scored,
-        ``max(N - 1, 0)``.
+    A window holds ``ids[begin:end]`` and scores ``ids[first:end]``. Every window is ``context`` tokens long
+    but possibly the last, the one that reaches ``n``.
 
     Raises:
         AiaynError: if ``context`` or ``stride`` are out of range.
@@ -88,26 +68,83 @@ def sliding_window_nll(
             f"sliding_window_nll: stride={stride} with context={context}; use 1 <= stride < context "
             f"(stride={context - 1} gives windows that do not overlap)"
         )
-    if ids.dim() != 1:
-        raise ValueError(f"sliding_window_nll: ids must be 1-D (N,), got shape {tuple(ids.shape)}")
-    n = ids.numel()
-    total = torch.zeros((), dtype=torch.float64)
-    n_scored, prev_end = 0, 0
+    plan: list[tuple[int, int, int]] = []
+    prev_end = 0
     for begin in range(0, max(n - 1, 0), stride):
         end = min(begin + context, n)
-        first = max(prev_end, begin + 1)  # absolute index of the first token this window scores
-        window = ids[begin:end].unsqueeze(0)  # (1, L)
-        logits = logits_fn(window)
-        if logits.dim() != 3 or logits.shape[:2] != window.shape:
-            raise ValueError(
-                f"sliding_window_nll: logits_fn returned shape {tuple(logits.shape)} for input "
-                f"{tuple(window.shape)}; expected (1, L, V)"
-            )
-        pred = logits[0, first - 1 - begin : end - 1 - begin]  # (k, V) predicts ids[first:end]
-        target = ids[first:end]
-        total += F.cross_entropy(pred.double(), target, reduction="sum").cpu()
-        n_scored += end - first
+        plan.append((begin, end, max(prev_end, begin + 1)))  # first: the first token not scored before
         prev_end = end
         if end == n:
             break
+    return plan
+
+
+@torch.no_grad()
+def sliding_window_nll(
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    ids: torch.Tensor,
+    context: int,
+    stride: int,
+    batch_size: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[float, int]:
+    """Total negative log-likelihood of a token sequence, with Hugging Face's strided windows.
+
+    Windows start at ``0, stride, 2 * stride, ...`` and hold up to ``context`` tokens; each window
+    scores only the tokens after the previous window's end (the first window scores all but its
+    first token), and the last window is the one that reaches the end of ``ids``. The first token
+    of ``ids`` has no history and is never scored: prepend a beginning-of-sequence id to score it.
+
+    Windows are independent, so up to ``batch_size`` of them go through ``logits_fn`` together as
+    one (B, context) batch; no padding is ever needed, since only the last window can be shorter and
+    it goes alone. The result equals one window at a time up to float rounding.
+
+    Args:
+        logits_fn: maps ``x`` (B, L) LongTensor, L <= ``context``, to (B, L, V) next-token logits
+            (position i predicts token i + 1).
+        ids: (N,) LongTensor, the text.
+        context: window length, at most the model's maximum sequence length; >= 2.
+        stride: how far each window moves, 1 <= stride < ``context``. Smaller is slower and gives
+            each token more history.
+        batch_size: windows per call of ``logits_fn`` (>= 1). More is faster until the batch's
+            activations and (B, context, V) logits no longer fit in memory.
+        progress: called with the number of windows each batch finished (e.g. a progress bar's
+            ``update``).
+
+    Returns:
+        ``(total_nll, n_scored)``: the summed NLL in nats and the number of tokens scored,
+        ``max(N - 1, 0)``.
+
+    Raises:
+        AiaynError: if ``context``, ``stride`` or ``batch_size`` are out of range.
+    """
+    if ids.dim() != 1:
+        raise ValueError(f"sliding_window_nll: ids must be 1-D (N,), got shape {tuple(ids.shape)}")
+    if batch_size < 1:
+        raise AiaynError(f"sliding_window_nll: batch_size={batch_size}; it must be at least 1")
+    plan = window_plan(ids.numel(), context, stride)
+    total = torch.zeros((), dtype=torch.float64)
+    n_scored = 0
+    i = 0
+    while i < len(plan):
+        width = plan[i][1] - plan[i][0]
+        j = i + 1  # windows i..j-1 share one length (all but possibly the last have ``context``)
+        while j < len(plan) and j - i < batch_size and plan[j][1] - plan[j][0] == width:
+            j += 1
+        windows = plan[i:j]
+        x = torch.stack([ids[b:e] for b, e, _ in windows])  # (B, L)
+        logits = logits_fn(x)
+        if logits.dim() != 3 or logits.shape[:2] != x.shape:
+            raise ValueError(
+                f"sliding_window_nll: logits_fn returned shape {tuple(logits.shape)} for input "
+                f"{tuple(x.shape)}; expected (B, L, V)"
+            )
+        # row r's positions first-1-begin .. end-2-begin predict ids[first:end]
+        pred = torch.cat([logits[r, f - 1 - b : e - 1 - b] for r, (b, e, f) in enumerate(windows)])  # (k, V)
+        target = torch.cat([ids[f:e] for b, e, f in windows]).to(pred.device)  # (k,)
+        total += F.cross_entropy(pred.double(), target, reduction="sum").cpu()
+        n_scored += target.numel()
+        if progress is not None:
+            progress(len(windows))
+        i = j
     return float(total), n_scored

@@ -72,6 +72,19 @@ def max_output_lengths(model: Models, src: Tensor, max_len_a: float, max_len_b: 
     return budget
 
 
+def source_limit(model: Models) -> int:
+    """The most source tokens a model (every member of an ensemble) takes: its ``max_len``; translation cuts
+    longer sources to this."""
+    return min(m.config.max_len for m in seq2seq_models(model))
+
+
+def max_output_length(model: Models, src_len: int, max_len_a: float, max_len_b: int) -> int:
+    """The output budget (EOS excluded) of one source sentence of ``src_len`` tokens, as
+    :func:`max_output_lengths` gives it."""
+    src = torch.ones(1, src_len, dtype=torch.long)  # (1, S), no padding
+    return int(max_output_lengths(model, src, max_len_a, max_len_b, pad_id=0)[0])
+
+
 def translate(
     model: Models,
     src: Tensor,

@@ -27,8 +27,48 @@ from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
     "train": None, "valid": None, "val_fraction": 0.1, "text_column": None, "label_column": None,
-    "max_len": 128, "batch_size": 32, "batch_tokens": None, "eval_batch_size": 128,
+    "max_len": 128, "batch_size": 32, "batch_tokens": None, "eval_batch_size": 128, "label_names": None,
 }
+
+
+def display_labels(meta: dict[str, Any]) -> list[str]:
+    """How a classification checkpoint's classes are shown: ``label_names`` from its ``config.json`` (the
+    recipe's ``[data] label_names``), else the labels as the training file writes them (``labels``)."""
+    return list(meta.get("label_names") or meta["labels"])
+
+
+def name_labels(labels: Sequence[str], names: Any, where: str) -> list[str] | None:
+    """Names for the training file's labels from a recipe's ``[data] label_names`` table.
+
+    Args:
+        labels: the labels as the training file writes them, in class-id order (e.g. SST-2's ``["0", "1"]``).
+        names: the table, each label of the file to its name (e.g. ``{"0" = "negative", "1" = "positive"}``;
+            TOML gives its keys as strings), or None.
+        where: the recipe, for messages.
+
+    Returns:
+        One name per label, in class-id order; None when ``names`` is None.
+
+    Raises:
+        AiaynError: ``names`` is not a table of non-empty, distinct strings covering exactly the file's labels.
+    """
+    if names is None:
+        return None
+    example = ", ".join(f'"{x}" = "..."' for x in labels)
+    if not isinstance(names, dict):
+        raise AiaynError(f"{where}: [data] label_names must be a table from each label of the training file to "
+                         f"its name, e.g. label_names = {{ {example} }}")
+    keys = {str(k): v for k, v in names.items()}
+    missing, extra = [x for x in labels if x not in keys], [k for k in keys if k not in labels]
+    if missing or extra:
+        raise AiaynError(f"{where}: [data] label_names must name exactly the training file's labels {list(labels)}"
+                         f"{f'; missing {missing}' if missing else ''}{f'; not in the file {extra}' if extra else ''}")
+    out = [keys[x] for x in labels]
+    bad = [x for x in out if not isinstance(x, str) or not x.strip() or "\t" in x or "\n" in x]
+    if bad or len(set(out)) != len(out):
+        raise AiaynError(f"{where}: [data] label_names must give each label a different, non-empty name without "
+                         f"tabs or line breaks; got {out}")
+    return out
 
 
 def encode_for_classifier(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -86,6 +126,7 @@ class ClassificationTask:
         if len(self.labels) < 2:
             raise AiaynError(f"{train_path}: only one label ({self.labels}) occurs; a classifier needs at "
                              "least 2")
+        self.label_names = name_labels(self.labels, self.data["label_names"], recipe.get("_path", "recipe"))
         self.tok, self.model_config, self.model, self.max_len, self.init_report = build_encoder(
             recipe, tok_cfg, train.texts, resume_dir, int(self.data["max_len"]), self.device, seed,
             arch="encoder", n_classes=len(self.labels))
@@ -131,8 +172,11 @@ class ClassificationTask:
                 "macro_f1": report.macro.f1}
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {"task": "classification", "model": self.model_config.to_dict(),
-                "tokenizers": {"text": TOKENIZER_FILE}, "labels": list(self.labels), "max_len": self.max_len}
+        config = {"task": "classification", "model": self.model_config.to_dict(),
+                  "tokenizers": {"text": TOKENIZER_FILE}, "labels": list(self.labels), "max_len": self.max_len}
+        if self.label_names is not None:
+            config["label_names"] = list(self.label_names)
+        return config
 
     def write_tokenizers(self, directory: Path) -> None:
         self.tok.save(directory / TOKENIZER_FILE)

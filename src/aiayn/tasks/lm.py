@@ -132,10 +132,10 @@ class LMTask:
         # ---- tokenizer: reused from the checkpoint when resuming, trained on the training text otherwise
         symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" else None
         if resume_dir is not None:
-            from aiayn.train.checkpoint import load_config
+            from aiayn.train.checkpoint import checkpoint_file, load_config
 
             meta = load_config(resume_dir)
-            tok = load_tokenizer(Path(resume_dir) / TOKENIZER_FILE)
+            tok = load_tokenizer(checkpoint_file(resume_dir, TOKENIZER_FILE))
             self.codec = TextCodec(tok, meta.get("newline_symbol"))
         else:
             self.codec = TextCodec(self._train_tokenizer(train_docs, symbol), symbol)

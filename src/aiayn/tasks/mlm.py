@@ -24,7 +24,7 @@ from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
-from aiayn.train.checkpoint import load_config, load_model_state
+from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -113,7 +113,7 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
             raise AiaynError(f"{source}: a {meta.get('task', 'unknown')!r} checkpoint with arch "
                              f"{meta.get('model', {}).get('arch')!r}; init_from needs an encoder checkpoint "
                              "(task mlm or classification)")
-        tok = load_tokenizer(Path(source) / meta.get("tokenizers", {}).get("text", TOKENIZER_FILE))
+        tok = load_tokenizer(checkpoint_file(source, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
         base = dict(meta["model"])
         if resume_dir is not None:
             section = {}

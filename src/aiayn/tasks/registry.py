@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import torch
 
 from aiayn.errors import AiaynError
 from aiayn.train.distributed import init_from_env
-from aiayn.train.recipe import load_recipe, take
+from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
 
 
@@ -54,17 +56,23 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
     Under torchrun (or :func:`aiayn.train.distributed.launch`) each rank runs this; rank 0 prints.
     """
     recipe = load_recipe(path, overrides)
-    cfg = train_config(recipe)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    if local_world > 1 and cfg.device.startswith("cuda:"):
-        raise AiaynError(f"train.device={cfg.device} would put all {local_world} processes of this machine on one "
-                         "GPU; give train.device=cuda (each process then takes cuda:LOCAL_RANK) or auto")
+    validate_recipe(recipe, resume=resume, processes=local_world)  # every section's problems at once, first
+    cfg = train_config(recipe)
     ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
     task = build_task(recipe, cfg, resume, ranks.local_rank)
-    result = train(task, cfg, resume=resume)
+    try:
+        result = train(task, cfg, resume=resume, recipe=recipe)
+    except KeyboardInterrupt:
+        if ranks.main:
+            again = shlex.join(["aiayn", "train", str(path), *(overrides or []), "--resume"])
+            print(f"continue with: {again}", file=sys.stderr)
+        raise
     if not ranks.main:
         return result
-    print(f"trained {result.steps} steps in {result.wall_seconds / 60:.1f} min; "
-          f"best {task.select_metric} {result.best_metric}; checkpoints: {result.best_dir}, {result.last_dir}"
+    best = "no validation score" if result.best_metric is None else f"best val_{task.select_metric} " \
+        f"{result.best_metric:.4g}"
+    print(f"trained {result.steps} steps in {result.wall_seconds / 60:.1f} min; {best}; "
+          f"checkpoints: {result.best_dir}, {result.last_dir}"
           + (f", {result.averaged_dir}" if result.averaged_dir else ""))
     return result

@@ -12,7 +12,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.data.batching import collate_seq2seq, token_budget_batches
-from aiayn.data.parallel import filter_by_token_length, load_parallel
+from aiayn.data.parallel import ParallelCorpus, filter_by_token_length, load_parallel
 from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.models.build import build_model
@@ -77,6 +77,7 @@ class TranslationTask:
         self.eval_cfg = take(recipe["eval"], EVAL_DEFAULTS, "eval")
         self.device = torch.device(device)
         self.seed = seed
+        corpora: dict[str, ParallelCorpus | None] = {}  # where each pair came from, for messages
         if pairs is not None:
             train = ([s for s, _ in pairs["train"]], [t for _, t in pairs["train"]])
             valid = ([s for s, _ in pairs["valid"]], [t for _, t in pairs["valid"]])
@@ -88,6 +89,7 @@ class TranslationTask:
             va = _read_corpus(recipe, self.data, "valid")
             train = (tr.src, tr.tgt)
             valid = (va.src, va.tgt) if va is not None else ([], [])
+            corpora = {"training": tr, "validation": va}
         self.valid_text = valid
 
         # ---- tokenizers: reused from the checkpoint when resuming, trained on the training data otherwise
@@ -107,8 +109,9 @@ class TranslationTask:
         self.model = build_model(self.model_config).to(self.device)
 
         self.limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
-        self.train_ids, kept = self._encode(train, self.limit, "training")
-        self.valid_ids = self._encode(valid, self.limit, "validation")[0] if valid[0] else ([], [])
+        self.train_ids, kept = self._encode(train, self.limit, "training", corpora.get("training"))
+        self.valid_ids = (self._encode(valid, self.limit, "validation", corpora.get("validation"))[0]
+                          if valid[0] else ([], []))
         self.lengths = [(len(s), len(t) + 1) for s, t in zip(*self.train_ids)]
         self._dropout = self._prepare_bpe_dropout(train, kept)
 
@@ -117,11 +120,15 @@ class TranslationTask:
         return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"],
                                **training_options(self.tok_cfg))
 
-    def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str) -> tuple[tuple[list, list], list]:
-        """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs."""
+    def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str,
+                corpus: ParallelCorpus | None = None) -> tuple[tuple[list, list], list]:
+        """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs (over-long
+        pairs are reported at their ``file:line`` when ``corpus`` says where they came from)."""
         src = self.src_tok.encode_batch(pair[0])
         tgt = self.tgt_tok.encode_batch(pair[1])
-        kept = filter_by_token_length(src, tgt, limit, self.data["policy"], origin=f"{what} data")
+        kept = filter_by_token_length(src, tgt, limit, self.data["policy"],
+                                      origin=corpus.origin if corpus else f"{what} data",
+                                      locate=corpus.location if corpus else None)
         return (list(kept.src), list(kept.tgt)), list(kept.kept)
 
     def _prepare_bpe_dropout(self, train: tuple[list[str], list[str]],
@@ -199,7 +206,10 @@ class TranslationTask:
             hyps = translate_texts(self.model, self.src_tok, self.tgt_tok, self.valid_text[0][:n],
                                    beam=self.eval_cfg["bleu_beam"], alpha=self.decode_cfg["alpha"],
                                    max_len_a=self.decode_cfg["max_len_a"], max_len_b=self.decode_cfg["max_len_b"])
-            metrics["bleu"] = corpus_bleu(hyps, self.valid_text[1][:n]).score
+            bleu = corpus_bleu(hyps, self.valid_text[1][:n])
+            metrics["bleu"] = bleu.score  # 0-100, as sacrebleu and `aiayn evaluate` print it
+            self.metric_notes = {"bleu_signature": bleu.signature, "bleu_sentences": n,
+                                 "bleu_beam": self.eval_cfg["bleu_beam"]}
         return metrics
 
     def checkpoint_config(self) -> dict[str, Any]:
@@ -218,12 +228,12 @@ class TranslationTask:
 
 def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers saved in a translation checkpoint (the same object when joint)."""
-    from aiayn.train.checkpoint import load_config
+    from aiayn.train.checkpoint import checkpoint_file, load_config
 
     names = load_config(directory).get("tokenizers", {})
     src_name, tgt_name = names.get("src", JOINT_TOK), names.get("tgt", JOINT_TOK)
-    src = load_tokenizer(Path(directory) / src_name)
-    return src, (src if tgt_name == src_name else load_tokenizer(Path(directory) / tgt_name))
+    src = load_tokenizer(checkpoint_file(directory, src_name))
+    return src, (src if tgt_name == src_name else load_tokenizer(checkpoint_file(directory, tgt_name)))
 
 
 @torch.no_grad()

@@ -215,6 +215,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         AiaynError: the file is missing, is not valid JSON, or has no known ``"kind"``.
     """
     path = Path(path)
+    if not path.is_file():  # a file of a checkpoint whose save was cut short: the previous copy, <dir>.old
+        from aiayn.train.checkpoint import recovered_file
+
+        path = recovered_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

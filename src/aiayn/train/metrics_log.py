@@ -187,3 +187,33 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
             )
         records.append({k: _parse_cell(v) for k, v in zip(header, row) if v != ""})
     return records
+
+
+def drop_rows_after(path: str | os.PathLike, step: int) -> int:
+    """Remove the records of steps after ``step`` (rewritten atomically), so that a run resumed from ``step``
+    replaces the rows of the steps it makes again instead of repeating them. A missing file is left missing.
+
+    Returns:
+        The number of records removed.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    rows = read_metrics(p)
+    kept = [r for r in rows if not (isinstance(r.get("step"), int) and r["step"] > step)]
+    if len(kept) == len(rows):
+        return 0
+    tmp = p.with_name(p.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as f:
+        if _format_of(p) == ".jsonl":
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+        else:
+            header = list(dict.fromkeys(k for r in rows for k in r))
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(header)
+            for r in kept:
+                w.writerow(["" if r.get(k) is None else r[k] for k in header])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    return len(rows) - len(kept)

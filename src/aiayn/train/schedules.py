@@ -55,7 +55,8 @@ class InverseSqrtWarmup(_Schedule):
 
     def __init__(self, warmup: int = 4000, d_model: int | None = None, scale: float = 1.0) -> None:
         if warmup < 1:
-            raise AiaynError(f"inverse_sqrt_warmup: warmup must be >= 1, got {warmup}")
+            raise AiaynError(f"inverse_sqrt_warmup: warmup must be >= 1, got {warmup} (a recipe's train.warmup); "
+                             "raise it, or use the constant_warmup schedule for no warmup")
         if d_model is not None and d_model < 1:
             raise AiaynError(f"inverse_sqrt_warmup: d_model must be >= 1, got {d_model}")
         self.warmup = int(warmup)
@@ -84,11 +85,12 @@ class WarmupCosine(_Schedule):
     def __init__(self, warmup: int, total: int, min_ratio: float = 0.0) -> None:
         if warmup < 0 or total <= warmup:
             raise AiaynError(
-                f"warmup_cosine: need 0 <= warmup < total, got warmup={warmup}, total={total}; "
-                "set total to the number of optimizer steps of the run"
+                f"warmup_cosine: need 0 <= warmup < total, got warmup={warmup}, total={total} (total is the step "
+                "where the cosine ends; in a recipe: train.warmup and train.max_steps); lower train.warmup or "
+                "raise train.max_steps"
             )
         if not 0.0 <= min_ratio <= 1.0:
-            raise AiaynError(f"warmup_cosine: min_ratio must be in [0, 1], got {min_ratio}")
+            raise AiaynError(f"warmup_cosine: min_ratio={min_ratio} must be in [0, 1] (a recipe's train.min_lr_ratio)")
         self.warmup = int(warmup)
         self.total = int(total)
         self.min_ratio = float(min_ratio)
@@ -109,7 +111,7 @@ class ConstantWarmup(_Schedule):
 
     def __init__(self, warmup: int = 0) -> None:
         if warmup < 0:
-            raise AiaynError(f"constant_warmup: warmup must be >= 0, got {warmup}")
+            raise AiaynError(f"constant_warmup: warmup={warmup} must be >= 0 (a recipe's train.warmup)")
         self.warmup = int(warmup)
 
     def multiplier(self, step: int) -> float:

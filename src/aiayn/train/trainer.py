@@ -35,19 +35,25 @@ from aiayn import accel
 from aiayn.errors import AiaynError
 from aiayn.threads import ThreadGovernor, threads_option
 from aiayn.train.checkpoint import (
+    STATE_FILE,
     capture_rng,
     keep_last,
+    load_config,
     load_model_state,
     load_training_state,
     periodic_checkpoints,
     read_state_dict,
+    recover_checkpoint,
     restore_rng,
     save_checkpoint,
     write_average,
 )
 from aiayn.train.distributed import Ranks, broadcast_parameters, check_same_files, sum_gradients
-from aiayn.train.metrics_log import MetricsLogger, read_metrics
+from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.train.optim import build_optimizer
+from aiayn.train.progress import TrainingProgress
+from aiayn.train.resume import check_same_run, validate_training_state
+from aiayn.train.run_lock import RunLock
 from aiayn.train.schedules import build_scheduler
 from aiayn.train.train_config import TrainConfig
 
@@ -101,15 +107,43 @@ class TrainResult:
     averaged_dir: str | None = None  # averaged/, where train.average_last made one
 
 
-def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
+def train(task: Task, cfg: TrainConfig, *, resume: bool = False,
+          recipe: dict[str, Any] | None = None) -> TrainResult:
     """Run (or resume) training of ``task.model`` under ``cfg``; checkpoints go to ``cfg.out_dir``.
 
     Layout of ``out_dir``: ``last/`` (latest, with training state), ``best/`` (best validation metric),
     ``step-N/`` (periodic, the last ``keep_checkpoints`` kept), ``averaged/`` (mean of the last
     ``average_last`` periodic checkpoints, when set), ``metrics.jsonl`` and ``learning_curve.png``.
     In a data-parallel run every rank calls this; rank 0 alone writes ``out_dir``.
+
+    A step whose loss or gradient norm is not finite changes nothing (no optimizer, scheduler or scaler step) and
+    is logged; ``train.max_nonfinite_steps`` of them in a row end the run with an error naming the last checkpoint.
+    ``recipe``: the recipe's ``model`` / ``tokenizer`` / ``data`` sections, saved with the training state so that
+    ``resume`` can refuse a changed model (:mod:`aiayn.train.resume`).
+
+    Rank 0 holds ``out_dir``'s lock (:class:`~aiayn.train.run_lock.RunLock`) for the whole run: a second run into
+    the same folder is refused, naming this one.
     """
     ranks = Ranks.current()
+    lock = RunLock(cfg.out_dir, say=tqdm.write) if ranks.main else None
+    refusal = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except AiaynError as e:
+            refusal = str(e)
+    refusal = ranks.all_gather(refusal)[0] if ranks.world > 1 else refusal  # every rank stops, not only rank 0
+    if refusal is not None:
+        raise AiaynError(refusal)
+    try:
+        return _train(task, cfg, resume, recipe, ranks)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | None, ranks: Ranks) -> TrainResult:
+    """:func:`train` once ``out_dir`` is locked."""
     model = task.model
     on_cpu = next(model.parameters()).device.type == "cpu"
     if cfg.threads and threads_option() is None:  # aiayn --threads N wins over train.threads
@@ -129,12 +163,20 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     # float16 gradients underflow without loss scaling; bfloat16 has float32's range and needs none
     scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=cfg.dtype == "float16")
 
-    step, position, best, elapsed_before = 0, None, None, 0.0
+    step, position, best, elapsed_before, skipped = 0, None, None, 0.0, 0
+    recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
+    config_json = task.checkpoint_config()
     if resume:
         last = out / "last"
+        if ranks.main:
+            recover_checkpoint(last, say=tqdm.write)  # a save killed between its renames left last.old only
+        ranks.barrier()
         state = load_training_state(last)
         if state is None:
             raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+        validate_training_state(state, last / STATE_FILE, optimizer, ranks.world)
+        changes = check_same_run(last, load_config(last), config_json, state.get("recipe"),
+                                 recipe_sections or None, state.get("train_config"), _plain(asdict(cfg)))
         saved_world = state.get("world_size", 1)
         if saved_world != ranks.world:
             raise AiaynError(f"{last}: saved by a run on {saved_world} process(es); resume it with --nproc "
@@ -146,10 +188,15 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         # cosine decay); only its position comes from the checkpoint
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         step, position, best = state["step"], state["position"], state["best"]
+        skipped = state.get("nonfinite_skipped", 0)
         if scaler.is_enabled() and "grad_scaler" in state:
             scaler.load_state_dict(state["grad_scaler"])
         elapsed_before = state.get("elapsed", 0.0)
         restore_rng(state["rng_by_rank"][ranks.rank] if ranks.world > 1 else state["rng"])
+        if ranks.main:
+            epoch = f", epoch {position['epoch'] + 1}" if isinstance(position.get("epoch"), int) else ""
+            tqdm.write(f"resuming from step {step}{epoch} ({last}, {elapsed_before / 60:.1f} min trained)"
+                       + "".join(f"\n  changed: {c}" for c in changes))
     else:
         if (out / "last").exists() or (out / "last.old").exists():
             raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
@@ -159,8 +206,9 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         torch.manual_seed(cfg.seed + ranks.rank)  # each rank its own dropout masks; rank 0 as a single process
     if ranks.main:
         out.mkdir(parents=True, exist_ok=True)
+    if ranks.main and resume:
+        drop_rows_after(out / "metrics.jsonl", step)  # rows of steps this run makes again
     log = MetricsLogger(out / "metrics.jsonl") if ranks.main else None
-    config_json = task.checkpoint_config()
     rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
 
     def gather_rng() -> list | None:  # a collective: every rank calls it at the same steps
@@ -170,90 +218,129 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         state = None
         if with_state:
             state = {"step": step, "position": position, "best": best, "world_size": ranks.world,
-                     "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg))}
+                     "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg)),
+                     "nonfinite_skipped": skipped}
+            if recipe_sections:
+                state["recipe"] = recipe_sections
             if scaler.is_enabled():
                 state["grad_scaler"] = scaler.state_dict()
             if ranks.world > 1:
                 state["rng_by_rank"] = rng_by_rank
-        save_checkpoint(path, model, config_json, optimizer=optimizer if with_state else None,
+        notes = getattr(task, "metric_notes", None)  # how validation scores were computed (BLEU's signature)
+        save_checkpoint(path, model, {**config_json, **({"metrics": notes} if notes else {})},
+                        optimizer=optimizer if with_state else None,
                         scheduler=scheduler if with_state else None, train_state=state,
                         tokenizer_writer=task.write_tokenizers)
+        if with_state:
+            saved_at["step"] = step
 
     def out_of_time() -> bool:
         return cfg.max_minutes is not None and (elapsed_before + time.time() - t0) / 60 >= cfg.max_minutes
 
+    saved_at = {"step": step if resume else None}  # the step of the training state in last/
     t0 = time.time()
     stream = task.batches(position)
-    bar = tqdm(total=cfg.max_steps, initial=step, disable=not (cfg.progress and ranks.main), dynamic_ncols=True,
-               unit="step")
+    bar = TrainingProgress(cfg.max_steps, cfg.max_minutes, step, elapsed_before, cfg.progress and ranks.main)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time()}
     model.train()
     # threads from the cores other processes leave free and the step's size, re-checked (aiayn.threads)
     governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
     stop = cfg.max_minutes is not None and elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
-    while step < cfg.max_steps and not stop:
-        micro = []
-        for _ in range(cfg.accum * ranks.world):
-            batch, position = next(stream)
-            micro.append(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss_total, nll_total = 0.0, 0.0
-        total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
-        for batch in micro[ranks.rank::ranks.world]:
-            with _autocast(cfg.dtype, model):
-                loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
-            scaler.scale(loss_sum / max(total_targets, 1)).backward()
-            value = float(loss_sum.detach())
-            loss_total += value
-            nll_total += extra.get("nll", value)
-        stop = out_of_time()
-        if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
-            loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
-            stop = late > 0
-        grad_norm = None
-        scaler.unscale_(optimizer)  # a no-op unless float16 loss scaling is on
-        if cfg.clip_norm:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm))
-            if not math.isfinite(grad_norm):  # float16 overflow: the scaler skips this update and lowers its scale
-                grad_norm = None
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        step += 1
-        governor.after_step(total_targets)
-        window["loss"] += loss_total
-        window["nll"] += nll_total
-        window["tokens"] += total_targets
-        bar.update(1)
-        if ranks.main and (step % cfg.log_every == 0 or step == cfg.max_steps):
-            now = time.time()
-            rec = {"step": step, "train_loss": window["loss"] / max(window["tokens"], 1),
-                   "train_nll": window["nll"] / max(window["tokens"], 1),
-                   "lr": optimizer.param_groups[0]["lr"], "tokens_per_s": window["tokens"] / (now - window["time"]),
-                   "grad_norm": grad_norm, "elapsed_s": elapsed_before + now - t0}
-            if scaler.is_enabled():
-                rec["loss_scale"] = scaler.get_scale()
-            log.log(rec)
-            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
-                            tok_s=f"{rec['tokens_per_s']:.0f}")
-            window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
-        evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
-        periodic = bool(cfg.save_every) and step % cfg.save_every == 0
-        if evaluate or periodic:
-            rng_by_rank = gather_rng()
+    bad_in_row = 0  # consecutive steps with a non-finite loss or gradient norm
+    try:
+        while step < cfg.max_steps and not stop:
+            micro = []
+            for _ in range(cfg.accum * ranks.world):
+                batch, position = _next_batch(stream, out, resume)
+                micro.append(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss_total, nll_total = 0.0, 0.0
+            total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
+            for batch in micro[ranks.rank::ranks.world]:
+                with _autocast(cfg.dtype, model):
+                    loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
+                scaler.scale(loss_sum / max(total_targets, 1)).backward()
+                value = float(loss_sum.detach())
+                loss_total += value
+                nll_total += extra.get("nll", value)
+            stop = out_of_time()
+            if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
+                loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
+                stop = late > 0
+            grad_norm = None
+            problem = None if math.isfinite(loss_total) else f"non-finite loss ({loss_total})"
+            if problem is None:
+                scaler.unscale_(optimizer)  # a no-op unless float16 loss scaling is on
+                grad_norm = _grad_norm(model, cfg.clip_norm)
+                if not math.isfinite(grad_norm):
+                    grad_norm = None
+                    if not scaler.is_enabled():  # float16: an overflow, which the scaler skips and scales down
+                        problem = "non-finite gradient norm"
+            if problem is not None:  # nothing changes: no optimizer, scheduler or scaler step
+                skipped, bad_in_row = skipped + 1, bad_in_row + 1
+                optimizer.zero_grad(set_to_none=True)
+                if ranks.main:
+                    tqdm.write(f"step {step + 1}: {problem}; update skipped ({bad_in_row} in a row, {skipped} in "
+                               "this run's history)")
+                    log.log({"step": step + 1, "skipped_update": problem, "nonfinite_skipped": skipped})
+                if bad_in_row >= cfg.max_nonfinite_steps:
+                    raise AiaynError(_diverged_message(cfg, step + 1, bad_in_row, out, saved_at["step"]))
+                continue
+            bad_in_row = 0
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            step += 1
+            governor.after_step(total_targets)
+            window["loss"] += loss_total
+            window["nll"] += nll_total
+            window["tokens"] += total_targets
+            bar.update(step)
+            if ranks.main and (step % cfg.log_every == 0 or step == cfg.max_steps):
+                now = time.time()
+                rec = {"step": step, "train_loss": window["loss"] / max(window["tokens"], 1),
+                       "train_nll": window["nll"] / max(window["tokens"], 1),
+                       "lr": optimizer.param_groups[0]["lr"],
+                       "tokens_per_s": window["tokens"] / (now - window["time"]),
+                       "grad_norm": grad_norm, "elapsed_s": elapsed_before + now - t0}
+                if scaler.is_enabled():
+                    rec["loss_scale"] = scaler.get_scale()
+                if skipped:
+                    rec["nonfinite_skipped"] = skipped
+                log.log(rec)
+                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
+                                tok_s=f"{rec['tokens_per_s']:.0f}")
+                window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
+            evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
+            periodic = bool(cfg.save_every) and step % cfg.save_every == 0
+            if evaluate or periodic:
+                rng_by_rank = gather_rng()
+            if ranks.main:
+                with _all_cores(ranks, on_cpu):
+                    if evaluate:
+                        best = _evaluate_and_keep(task, step, best, log, out, save)
+                        model.train()
+                    if periodic:
+                        save(out / f"step-{step}", with_state=False)
+                        keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
+                    if evaluate or periodic:
+                        save(out / "last", with_state=True)
+            if evaluate or periodic:
+                ranks.barrier()
+    except KeyboardInterrupt:
         if ranks.main:
-            with _all_cores(ranks, on_cpu):
-                if evaluate:
-                    best = _evaluate_and_keep(task, step, best, log, out, save)
-                    model.train()
-                if periodic:
-                    save(out / f"step-{step}", with_state=False)
-                    keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
-                if evaluate or periodic:
-                    save(out / "last", with_state=True)
-        if evaluate or periodic:
-            ranks.barrier()
+            bar.close()
+            saved = (f"last saved: step {saved_at['step']} in {out / 'last'}" if saved_at["step"] is not None
+                     else "nothing saved yet")
+            tqdm.write(f"interrupted at step {step}; {saved}")
+        raise
+    except AiaynError:
+        bar.close()
+        raise
     bar.close()
+    if ranks.main and step < cfg.max_steps:
+        tqdm.write(f"stopped by train.max_minutes={cfg.max_minutes:g} at step {step} of max_steps "
+                   f"{cfg.max_steps}; to go on, raise train.max_minutes and pass --resume")
     accel.release_workspace()  # the accelerator's training buffers, no longer needed
     rng_by_rank = gather_rng()
     averaged_dir = None
@@ -262,9 +349,13 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
             if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
                 best = _evaluate_and_keep(task, step, best, log, out, save)
             save(out / "last", with_state=True)
-            if cfg.average_last and cfg.save_every:
-                dirs = periodic_checkpoints(out)[-cfg.average_last:]
-                if len(dirs) >= 2:
+            if cfg.average_last:
+                dirs = periodic_checkpoints(out)[-cfg.average_last:] if cfg.save_every else []
+                if len(dirs) < 2:
+                    tqdm.write(f"note: no averaged/: train.average_last={cfg.average_last} needs at least 2 periodic "
+                               f"checkpoints, this run has {len(dirs)}"
+                               + ("" if cfg.save_every else " (set train.save_every)"))
+                else:
                     model.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
                     metrics = task.evaluate()
                     log.log({"step": step, "averaged_of": len(dirs),
@@ -278,6 +369,35 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
         _plot(history, out)
     return TrainResult(step, None if best is None else best["value"], str(out / "best") if best else None,
                        str(out / "last"), elapsed_before + time.time() - t0, history, averaged_dir)
+
+
+def _next_batch(stream: Iterator, out: Path, resume: bool) -> tuple[Any, Any]:
+    """The next (batch, position) of a task's stream; a saved position that does not fit the data is an error
+    naming the checkpoint, not a ``KeyError``."""
+    try:
+        return next(stream)
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        if not resume:
+            raise
+        raise AiaynError(f"{out / 'last' / STATE_FILE}: its data position does not fit this run's data ({e!r}); "
+                         "resume with the original data, or start a new run in another train.out_dir") from e
+
+
+def _grad_norm(model: nn.Module, clip_norm: float | None) -> float:
+    """The gradients' total 2-norm, clipped to ``clip_norm`` when set (inf or nan when a gradient is not finite)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    return float(torch.nn.utils.clip_grad_norm_(params, clip_norm or float("inf")))
+
+
+def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_step: int | None) -> str:
+    """The error that ends a run after ``count`` non-finite steps in a row."""
+    where = ("no checkpoint was written" if saved_step is None
+             else f"the last checkpoint, with finite weights, is {out / 'last'} (step {saved_step})")
+    return (f"training diverged: {count} steps in a row up to step {step} had a non-finite loss or gradient norm "
+            f"(train.max_nonfinite_steps={cfg.max_nonfinite_steps}); {where}. Lower train.lr (now {cfg.lr:g}), "
+            "raise train.warmup or set train.clip_norm, then continue with --resume or start again")
 
 
 def _report_average(task: Task, dirs: list[Path], metrics: dict[str, float], best: dict | None) -> None:
@@ -315,7 +435,7 @@ def _better(task: Task, value: float, than: float) -> bool:
 
 def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLogger, out: Path, save) -> dict:
     metrics = task.evaluate()
-    log.log({"step": step, **{f"val_{k}": v for k, v in metrics.items()}})
+    log.log({"step": step, **{f"val_{k}": v for k, v in metrics.items()}, **getattr(task, "metric_notes", {})})
     tqdm.write("step {}: {}".format(step, ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items())))
     value = metrics[task.select_metric]
     better = best is None or _better(task, value, best["value"])
