@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aiayn.errors import AiaynError
-from aiayn.train.metrics_log import MetricsLogger, read_metrics
+from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.viz.curves import plot_learning_curves
 
 
@@ -88,3 +88,15 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path, monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib...` fail
     with pytest.raises(AiaynError, match=r"pip install aiayn\[plot\]"):
         plot_learning_curves([{"step": 1, "train_loss": 1.0}], tmp_path / "c.png")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_drop_rows_after_keeps_earlier_steps_and_rows_without_a_step(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"m{suffix}"
+    with MetricsLogger(path) as log:
+        for step in (1, 2, 3, 4):
+            log.log({"step": step, "train_loss": float(step)})
+        log.log({"note": "kept"})
+    assert drop_rows_after(path, 2) == 2
+    assert read_metrics(path) == [{"step": 1, "train_loss": 1.0}, {"step": 2, "train_loss": 2.0}, {"note": "kept"}]
+    assert drop_rows_after(path, 2) == 0 and drop_rows_after(tmp_path / f"absent{suffix}", 0) == 0

@@ -112,16 +112,7 @@ class MetricsLogger:
     def _widen(self, header: list[str]) -> None:
         """Rewrite the CSV with a wider header (atomic rename), then reopen for appending."""
         self._file.close()
-        rows = read_metrics(self.path)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(header)
-            for r in rows:
-                w.writerow(["" if r.get(k) is None else r[k] for k in header])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        _rewrite(self.path, read_metrics(self.path), header)
         self._header = header
         self._file = self.path.open("a", newline="", encoding="utf-8")
 
@@ -203,17 +194,21 @@ def drop_rows_after(path: str | os.PathLike, step: int) -> int:
     kept = [r for r in rows if not (isinstance(r.get("step"), int) and r["step"] > step)]
     if len(kept) == len(rows):
         return 0
-    tmp = p.with_name(p.name + ".tmp")
+    _rewrite(p, kept, list(dict.fromkeys(k for r in rows for k in r)))
+    return len(rows) - len(kept)
+
+
+def _rewrite(path: Path, rows: list[dict[str, Any]], header: list[str]) -> None:
+    """Replace a metrics file by ``rows`` (a CSV with ``header``), through a temporary file and an atomic rename."""
+    tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as f:
-        if _format_of(p) == ".jsonl":
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+        if _format_of(path) == ".jsonl":
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         else:
-            header = list(dict.fromkeys(k for r in rows for k in r))
             w = csv.writer(f, lineterminator="\n")
             w.writerow(header)
-            for r in kept:
+            for r in rows:
                 w.writerow(["" if r.get(k) is None else r[k] for k in header])
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, p)
-    return len(rows) - len(kept)
+    os.replace(tmp, path)
