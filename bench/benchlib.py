@@ -430,3 +430,11 @@ def training_loss(model: nn.Module, forward: Callable[..., Any], labels: Tensor,
         weight = out.output_weight if kw else model.lm_head.proj.weight
         return linear_label_smoothed_nll(out.hidden, weight, labels, label_smoothing)[0]
     return old_loss
+
+
+def exact_gelu() -> dict[str, Any]:
+    """Config overrides for torch's exact GELU where this revision's config can approximate it (``gelu_approximate``),
+    so that a GPT-2 preset matches a peer built with the exact GELU at every revision."""
+    from aiayn.config import ModelConfig
+
+    return {"gelu_approximate": "none"} if "gelu_approximate" in ModelConfig.__dataclass_fields__ else {}

@@ -64,7 +64,7 @@ def build_pair(size: LMSize, seed: int = 0, variant: str | None = "float32") -> 
     hf = GPT2LMHeadModel(hf_cfg).eval()
     cfg = ModelConfig.preset("gpt2-small", n_layers=size.n_layers, d_model=size.d_model, n_heads=size.n_heads,
                              d_ff=4 * size.d_model, vocab_size=size.vocab_size, max_len=size.max_len,
-                             dropout=0.0, norm_eps=hf_cfg.layer_norm_epsilon)
+                             dropout=0.0, norm_eps=hf_cfg.layer_norm_epsilon, **benchlib.exact_gelu())
     ours = build_model(cfg).eval()
     copy_gpt2_weights(hf, ours)
     if variant is not None:

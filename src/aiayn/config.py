@@ -17,11 +17,13 @@ from typing import Any
 from aiayn.errors import AiaynError
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
+GELU_APPROXIMATIONS = ("none", "tanh")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
-ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
+ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
 INITS = ("paper", "gpt2")
 POOLINGS = ("cls", "mean")
 
@@ -88,6 +90,23 @@ class ModelConfig:
             (additive attention bias), or "none".
         tie_embeddings: output projection shares the target embedding matrix (paper section 3.4);
         share_src_tgt_embeddings: encoder and decoder share one embedding (needs one joint vocabulary).
+
+    Options that pretrained families need (each default leaves the model as it was):
+        gelu_approximate: "none" (exact, erf) or "tanh" (GPT-2's ``gelu_new``), for activation "gelu" and "geglu"
+            (as ``F.gelu(approximate=)``). Activation "silu" is the plain, ungated SiLU (Marian's "swish").
+        position_offset: absolute positions (learned or sinusoidal) read table row position + offset (BART: 2).
+        sinusoidal_layout: "interleaved" (the paper's sin, cos, sin, ...) or "halves" (all sines, then all cosines:
+            Marian, fairseq).
+        rope_low_freq_factor, rope_high_freq_factor: rope_scaling "llama3"'s band edges (with rope_scaling_factor
+            and rope_original_max_len).
+        qkv_bias: biases on the query/key/value projections; null follows ``bias`` (Qwen2: bias=false,
+            qkv_bias=true).
+        embedding_norm: a norm right after embeddings + positions, before dropout (BERT, BART).
+        n_token_types: token-type (segment) embeddings added to the input embeddings (BERT: 2); the models'
+            ``forward`` takes ``token_type_ids`` (default all 0).
+        tied_output_scale: multiply the hidden state by d_model^-0.5 before the tied output layer (T5 v1.0).
+        output_bias: a bias on the output layer (BART/Marian ``final_logits_bias``); an encoder's masked-LM head
+            always has one (BERT's decoder bias).
     """
 
     arch: str = "encoder-decoder"
@@ -104,21 +123,31 @@ class ModelConfig:
     attn_dropout: float = 0.0
     ffn_dropout: float = 0.0
     activation: str = "relu"
+    gelu_approximate: str = "none"
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_position: str = "post"
     deepnorm: bool = False
     position: str = "sinusoidal"
+    position_offset: int = 0
+    sinusoidal_layout: str = "interleaved"
     rope_theta: float = 10000.0
     rope_scaling: str = "none"
     rope_scaling_factor: float = 1.0
     rope_original_max_len: int | None = None
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     sliding_window: int | None = None
     bias: bool = True
+    qkv_bias: bool | None = None
     scale_embeddings: bool = True
+    embedding_norm: bool = False
+    n_token_types: int | None = None
     tie_embeddings: bool = True
+    tied_output_scale: bool = False
+    output_bias: bool = False
     share_src_tgt_embeddings: bool = True
     init: str = "paper"
     pad_id: int = 0
@@ -153,6 +182,11 @@ class ModelConfig:
         """Vocabulary size of the decoder / output layer."""
         return self.tgt_vocab_size or self.vocab_size
 
+    @property
+    def qkv_uses_bias(self) -> bool:
+        """Whether the query/key/value projections have biases (``qkv_bias``, else ``bias``)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
     # ------------------------------------------------------------------ validation
     def problems(self) -> list[str]:
         """Every problem with this config, each as ``key=value: problem; fix`` (empty when valid)."""
@@ -169,9 +203,11 @@ class ModelConfig:
 
         choice("arch", ARCHS)
         choice("activation", ACTIVATIONS)
+        choice("gelu_approximate", GELU_APPROXIMATIONS)
         choice("norm", NORMS)
         choice("norm_position", NORM_POSITIONS)
         choice("position", POSITIONS)
+        choice("sinusoidal_layout", SINUSOIDAL_LAYOUTS)
         choice("rope_scaling", ROPE_SCALINGS)
         choice("init", INITS)
         choice("pooling", POOLINGS)
@@ -180,7 +216,7 @@ class ModelConfig:
             if ok(name) and getattr(self, name) < 1:
                 p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
         for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
-                     "n_token_labels", "rope_original_max_len"):
+                     "n_token_labels", "rope_original_max_len", "n_token_types"):
             v = getattr(self, name)
             if ok(name) and v is not None and v < 1:
                 p.append(f"{name}={v!r}: must be a whole number >= 1, or null (left out)")
@@ -203,6 +239,25 @@ class ModelConfig:
             p.append(f"rope_theta={self.rope_theta}: must be > 0, e.g. 10000.0")
         if ok("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
             p.append(f"rope_scaling_factor={self.rope_scaling_factor}: must be >= 1 when rope_scaling is set")
+        if ok("rope_low_freq_factor", "rope_high_freq_factor") and self.rope_scaling == "llama3" and not (
+                0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+            p.append(f"rope_low_freq_factor={self.rope_low_freq_factor}, rope_high_freq_factor="
+                     f"{self.rope_high_freq_factor}: rope_scaling='llama3' needs 0 < low < high, e.g. 1.0 and 4.0")
+        if ok("position_offset") and self.position_offset < 0:
+            p.append(f"position_offset={self.position_offset}: must be a whole number >= 0")
+        if ok("n_token_types") and self.n_token_types is not None and self.arch == "encoder-decoder":
+            p.append(f"n_token_types={self.n_token_types}: token types apply to encoder or decoder models; set "
+                     "n_token_types=null for arch='encoder-decoder'")
+        if ok("output_bias") and self.output_bias and self.arch == "encoder":
+            p.append("output_bias=True: an encoder's masked-LM head always has its bias; output_bias applies to "
+                     "arch='decoder' or 'encoder-decoder', set output_bias=false")
+        if ok("tied_output_scale") and self.tied_output_scale:
+            if self.arch == "encoder":
+                p.append("tied_output_scale=True: applies to the output layer of arch='decoder' or "
+                         "'encoder-decoder'; set tied_output_scale=false")
+            elif self.tie_embeddings is not True:
+                p.append("tied_output_scale=True: rescales before a tied output layer; set tie_embeddings=true "
+                         "or tied_output_scale=false")
         if ok("deepnorm") and self.deepnorm and self.norm_position != "post":
             p.append("deepnorm=True: needs norm_position='post' (DeepNorm scales post-LN residuals); set "
                      "deepnorm=false or norm_position='post'")
@@ -298,20 +353,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper-base": {**_PAPER, "d_model": 512, "d_ff": 2048, "n_heads": 8, "dropout": 0.1},
     "paper-big": {**_PAPER, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3},
     "gpt2-small": dict(arch="decoder", vocab_size=50257, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
-                       max_len=1024, dropout=0.1, activation="gelu", norm="layernorm", norm_position="pre",
-                       position="learned", scale_embeddings=False, tie_embeddings=True, init="gpt2"),
+                       max_len=1024, dropout=0.1, activation="gelu", gelu_approximate="tanh", norm="layernorm",
+                       norm_position="pre", position="learned", scale_embeddings=False, tie_embeddings=True,
+                       init="gpt2"),
     "llama": dict(arch="decoder", vocab_size=32000, d_model=2048, n_heads=32, n_kv_heads=8, n_layers=16,
                   d_ff=5632, max_len=2048, dropout=0.0, activation="swiglu", norm="rmsnorm", norm_eps=1e-6,
                   norm_position="pre", position="rope", rope_theta=10000.0, bias=False,
                   scale_embeddings=False, tie_embeddings=False, init="gpt2"),
     "bert-base": dict(arch="encoder", vocab_size=30522, d_model=768, n_heads=12, n_layers=12, d_ff=3072,
                       max_len=512, dropout=0.1, activation="gelu", norm="layernorm", norm_eps=1e-12,
-                      norm_position="post", position="learned", scale_embeddings=False, tie_embeddings=True,
-                      init="gpt2", pooling="cls", n_classes=2),
+                      norm_position="post", position="learned", scale_embeddings=False, embedding_norm=True,
+                      n_token_types=2, tie_embeddings=True, init="gpt2", pooling="cls", n_classes=2),
     "t5-small": dict(arch="encoder-decoder", vocab_size=32128, d_model=512, n_heads=8, n_layers=6, d_ff=2048,
                      max_len=512, dropout=0.1, activation="relu", norm="rmsnorm", norm_eps=1e-6,
                      norm_position="pre", position="t5", bias=False, scale_embeddings=False,
-                     tie_embeddings=True, share_src_tgt_embeddings=True, init="gpt2"),
+                     tie_embeddings=True, tied_output_scale=True, share_src_tgt_embeddings=True, init="gpt2"),
+    # BART's pad id is 1 (<s> is 0); its learned positions start at table row 2
+    "bart-base": dict(arch="encoder-decoder", vocab_size=50265, d_model=768, n_heads=12, n_layers=6, d_ff=3072,
+                      max_len=1024, dropout=0.1, attn_dropout=0.1, ffn_dropout=0.1, activation="gelu",
+                      norm="layernorm", norm_position="post", position="learned", position_offset=2,
+                      embedding_norm=True, scale_embeddings=False, tie_embeddings=True,
+                      share_src_tgt_embeddings=True, output_bias=True, init="gpt2", pad_id=1),
+    # opus-mt (Marian) en-de; its pad id is the vocabulary's last (58100 here), which a converter sets
+    "marian": dict(arch="encoder-decoder", vocab_size=58101, d_model=512, n_heads=8, n_layers=6, d_ff=2048,
+                   max_len=512, dropout=0.1, activation="silu", norm="layernorm", norm_position="post",
+                   position="sinusoidal", sinusoidal_layout="halves", scale_embeddings=True, tie_embeddings=True,
+                   share_src_tgt_embeddings=True, output_bias=True, init="gpt2"),
     "tiny": dict(arch="encoder-decoder", vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64,
                  max_len=128, dropout=0.0),
 }

@@ -1,7 +1,9 @@
 """Every accelerated path equals the reference core, for configurations generated from the config's own choice lists.
 
-The cases cover every pair of values of (architecture, norm, norm position, activation, position scheme, MHA/GQA/MQA,
-sliding window): a new value added to a choice list in ``aiayn.config`` enters this test by itself, and the
+The cases cover every pair of values of (architecture, norm, norm position, activation, GELU approximation, position
+scheme, sinusoidal layout, RoPE scaling, MHA/GQA/MQA, sliding window, biases, embedding norm, token types, position
+offset, output bias, tied-output rescale): a new value added to a choice list in ``aiayn.config`` enters this test by
+itself, and the
 accelerator must either compute it exactly as the reference does or decline it (``aiayn.accel.cpu.support``).
 Each case compares a training step's loss and gradients, inference logits of a padded batch, cached decoding steps
 with beams reordered, and the greedy choice, with and without the native kernels (``aiayn.check``).
@@ -22,38 +24,73 @@ from aiayn.config import ModelConfig
 from aiayn.models.build import build_model
 
 HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
+BIASES = {"all": dict(bias=True), "none": dict(bias=False), "qkv": dict(bias=False, qkv_bias=True)}
 DIMENSIONS: dict[str, tuple] = {
     "arch": C.ARCHS,
     "norm": C.NORMS,
     "norm_position": C.NORM_POSITIONS,
     "activation": C.ACTIVATIONS,
+    "gelu_approximate": C.GELU_APPROXIMATIONS,
     "position": C.POSITIONS,
+    "sinusoidal_layout": C.SINUSOIDAL_LAYOUTS,
+    "rope_scaling": C.ROPE_SCALINGS,
     "heads": tuple(HEADS),
     "sliding_window": (None, 3),
+    "biases": tuple(BIASES),
+    "embedding_norm": (False, True),
+    "n_token_types": (None, 2),
+    "position_offset": (0, 2),
+    "output_bias": (False, True),
+    "tied_output_scale": (False, True),
 }
 
 
 def pairwise_cases(dimensions: dict[str, tuple]) -> list[dict]:
-    """A small list of cases in which every pair of values of two dimensions occurs at least once (greedy cover)."""
+    """A small list of cases in which every pair of values of two dimensions occurs at least once (greedy cover).
+
+    Each case starts from the first pair not yet covered and takes, dimension by dimension, the value that covers
+    the most uncovered pairs with the values chosen so far (first value on ties): deterministic, and it never lists
+    the product of all dimensions.
+    """
     names = list(dimensions)
-    uncovered = {(a, va, b, vb) for a, b in itertools.combinations(names, 2)
-                 for va in dimensions[a] for vb in dimensions[b]}
-    candidates = [dict(zip(names, values)) for values in itertools.product(*dimensions.values())]
+    order = {name: i for i, name in enumerate(names)}
+    combos = list(itertools.combinations(names, 2))
+    uncovered = dict.fromkeys((a, va, b, vb) for a, b in combos for va in dimensions[a] for vb in dimensions[b])
+
+    def pair(x: str, vx: object, y: str, vy: object) -> tuple:
+        return (x, vx, y, vy) if order[x] < order[y] else (y, vy, x, vx)
+
     cases = []
     while uncovered:
-        best = max(candidates, key=lambda c: sum((a, c[a], b, c[b]) in uncovered
-                                                 for a, b in itertools.combinations(names, 2)))
-        cases.append(best)
-        uncovered -= {(a, best[a], b, best[b]) for a, b in itertools.combinations(names, 2)}
+        a, va, b, vb = next(iter(uncovered))
+        case = {a: va, b: vb}
+        for name in names:
+            if name not in case:
+                case[name] = max(dimensions[name],
+                                 key=lambda v: sum(pair(x, vx, name, v) in uncovered for x, vx in case.items()))
+        cases.append({name: case[name] for name in names})
+        for x, y in combos:
+            uncovered.pop((x, case[x], y, case[y]), None)
     return cases
 
 
 def _config(case: dict) -> ModelConfig:
-    window = case["sliding_window"] if case["arch"] != "encoder" else None
+    """The case's config; a value that the architecture does not take falls back to the default (the pair is
+    still listed: the test shows the accelerator takes the config as it is)."""
+    encoder = case["arch"] == "encoder"
+    scaled = case["rope_scaling"] != "none"
     return ModelConfig(arch=case["arch"], vocab_size=97, d_model=32, n_heads=4, n_kv_heads=HEADS[case["heads"]],
                        n_layers=2, d_ff=48, max_len=64, dropout=0.1, norm=case["norm"],
-                       norm_position=case["norm_position"], activation=case["activation"], position=case["position"],
-                       sliding_window=window, tie_embeddings=case["arch"] != "encoder")
+                       norm_position=case["norm_position"], activation=case["activation"],
+                       gelu_approximate=case["gelu_approximate"], position=case["position"],
+                       sinusoidal_layout=case["sinusoidal_layout"], position_offset=case["position_offset"],
+                       rope_scaling=case["rope_scaling"], rope_scaling_factor=2.0 if scaled else 1.0,
+                       rope_original_max_len=16 if scaled else None,
+                       sliding_window=None if encoder else case["sliding_window"], **BIASES[case["biases"]],
+                       embedding_norm=case["embedding_norm"],
+                       n_token_types=None if case["arch"] == "encoder-decoder" else case["n_token_types"],
+                       tie_embeddings=not encoder, output_bias=case["output_bias"] and not encoder,
+                       tied_output_scale=case["tied_output_scale"] and not encoder)
 
 
 CASES = pairwise_cases(DIMENSIONS)
@@ -64,7 +101,7 @@ def test_the_cases_cover_every_pair_of_choices() -> None:
     for a, b in itertools.combinations(DIMENSIONS, 2):
         for va, vb in itertools.product(DIMENSIONS[a], DIMENSIONS[b]):
             assert (a, va, b, vb) in seen
-    assert len(CASES) < 60  # a cover, not the product (864 x 2 cases)
+    assert len(CASES) < 60  # a cover, not the product (millions of cases)
 
 
 @pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
@@ -94,3 +131,21 @@ def test_an_unsupported_choice_falls_back_to_the_reference(monkeypatch: pytest.M
     torch.manual_seed(0)
     rows = check_accelerated(build_model(config))
     assert all(r.passed for r in rows) and not calls
+
+
+def test_a_field_the_accelerator_does_not_list_is_declined_away_from_its_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config field that ``support.py`` lists neither as a choice nor as a size is supported at its default value
+    only: the fast paths decline any other value without being told about the field."""
+    from aiayn.accel.cpu import support
+
+    for name in ("output_bias", "embedding_norm", "gelu_approximate", "qkv_bias"):
+        monkeypatch.delitem(support.SUPPORTED, name)
+    monkeypatch.setattr(support, "NEUTRAL", support.NEUTRAL - {"n_token_types"})
+    config = _config(CASES[0] | {"arch": "decoder"})
+    assert unsupported(config.replace(output_bias=False, embedding_norm=False, gelu_approximate="none",
+                                      qkv_bias=None, n_token_types=None)) == []
+    changed = config.replace(output_bias=True, embedding_norm=True, gelu_approximate="tanh", qkv_bias=True,
+                             n_token_types=2)
+    assert sorted(unsupported(changed)) == ["embedding_norm=True", "gelu_approximate='tanh'", "n_token_types=2",
+                                            "output_bias=True", "qkv_bias=True"]

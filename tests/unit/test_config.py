@@ -33,12 +33,85 @@ def test_validation_collects_every_problem_in_one_error() -> None:
     (dict(vocab_size=0), "vocab_size=0"),
     (dict(norm_eps=0.0), "norm_eps"),
     (dict(rope_scaling="linear", rope_scaling_factor=0.5), "rope_scaling_factor"),
+    (dict(gelu_approximate="erf"), "gelu_approximate='erf': unknown; choose one of none, tanh"),
+    (dict(activation="swish"), "choose one of relu, gelu, silu, swiglu, geglu"),
+    (dict(sinusoidal_layout="split"), "sinusoidal_layout='split': unknown; choose one of interleaved, halves"),
+    (dict(rope_scaling="llama2"), "none, linear, ntk, yarn, llama3"),
+    (dict(position_offset=-1), "position_offset=-1: must be a whole number >= 0"),
+    (dict(position_offset=1.5), "position_offset=1.5: must be a whole number"),
+    (dict(n_token_types=2), "n_token_types=2: token types apply to encoder or decoder models"),
+    (dict(arch="encoder", n_token_types=0), "n_token_types=0: must be a whole number >= 1"),
+    (dict(arch="encoder", output_bias=True), "output_bias=True: an encoder's masked-LM head always has its bias"),
+    (dict(arch="encoder", tied_output_scale=True), "tied_output_scale=True: applies to the output layer"),
+    (dict(tied_output_scale=True, tie_embeddings=False), "set tie_embeddings=true or tied_output_scale=false"),
+    (dict(qkv_bias="yes"), "qkv_bias='yes': must be true or false, or null"),
+    (dict(embedding_norm=1), "embedding_norm=1: must be true or false"),
+    (dict(rope_scaling="llama3", rope_low_freq_factor=4.0, rope_high_freq_factor=1.0), "needs 0 < low < high"),
+    (dict(rope_scaling="llama3", rope_low_freq_factor=0.0), "rope_low_freq_factor=0.0"),
 ])
 def test_each_rule(changes: dict, fragment: str) -> None:
     base = ModelConfig.preset("tiny")
     with pytest.raises(AiaynError, match="invalid model config") as exc:
         base.replace(**changes)
     assert fragment in str(exc.value)
+
+
+def test_the_family_options_report_every_problem_at_once() -> None:
+    with pytest.raises(AiaynError) as exc:
+        ModelConfig(arch="encoder", gelu_approximate="exact", sinusoidal_layout="split", position_offset=-2,
+                    output_bias=True, tied_output_scale=True, rope_scaling="llama3", rope_low_freq_factor=5.0)
+    msg = str(exc.value)
+    for fragment in ("gelu_approximate='exact'", "sinusoidal_layout='split'", "position_offset=-2", "output_bias=True",
+                     "tied_output_scale=True", "rope_low_freq_factor=5.0"):
+        assert fragment in msg
+    assert msg.count("\n  - ") == 6
+
+
+def test_the_family_options_default_to_the_models_as_they_were() -> None:
+    c = ModelConfig()
+    assert (c.gelu_approximate, c.position_offset, c.sinusoidal_layout, c.qkv_bias, c.embedding_norm,
+            c.n_token_types, c.tied_output_scale, c.output_bias) == ("none", 0, "interleaved", None, False, None,
+                                                                     False, False)
+    assert (c.rope_low_freq_factor, c.rope_high_freq_factor) == (1.0, 4.0)
+    assert c.qkv_uses_bias and not c.replace(bias=False).qkv_uses_bias
+    assert c.replace(bias=False, qkv_bias=True).qkv_uses_bias and not c.replace(qkv_bias=False).qkv_uses_bias
+
+
+def test_a_saved_config_without_the_family_options_loads_with_their_defaults() -> None:
+    """config.json of a checkpoint written before the options existed (tests/fixtures) loads; its model is the same."""
+    saved = json.loads((Path(__file__).parents[1] / "fixtures" / "checkpoint-format-1" / "config.json").read_text())
+    new_keys = {"gelu_approximate", "position_offset", "sinusoidal_layout", "rope_low_freq_factor",
+                "rope_high_freq_factor", "qkv_bias", "embedding_norm", "n_token_types", "tied_output_scale",
+                "output_bias"}
+    assert not new_keys & set(saved["model"])
+    c = ModelConfig.from_dict(saved["model"])
+    assert c == ModelConfig.from_dict({**saved["model"], **{k: getattr(ModelConfig(), k) for k in new_keys}})
+    assert new_keys <= set(c.to_dict())
+
+
+def test_family_options_round_trip_through_json(tmp_path: Path) -> None:
+    c = ModelConfig(arch="decoder", activation="gelu", gelu_approximate="tanh", position="learned", position_offset=2,
+                    sinusoidal_layout="halves", rope_scaling="llama3", rope_scaling_factor=8.0,
+                    rope_low_freq_factor=2.0, rope_high_freq_factor=8.0, bias=False, qkv_bias=True,
+                    embedding_norm=True, n_token_types=3, tied_output_scale=True, output_bias=True)
+    data = json.loads(c.to_json())
+    assert (data["gelu_approximate"], data["qkv_bias"], data["n_token_types"], data["output_bias"]) == (
+        "tanh", True, 3, True)
+    assert ModelConfig.from_json(c.to_json(tmp_path / "config.json")) == c
+    assert ModelConfig.from_json(tmp_path / "config.json") != c.replace(qkv_bias=None)
+    assert ModelConfig.from_json(c.replace(activation="silu").to_json()).activation == "silu"
+
+
+def test_the_family_presets() -> None:
+    gpt2, bert, t5 = (ModelConfig.preset(n) for n in ("gpt2-small", "bert-base", "t5-small"))
+    assert (gpt2.activation, gpt2.gelu_approximate, gpt2.position, gpt2.norm_position) == ("gelu", "tanh", "learned",
+                                                                                          "pre")
+    assert (bert.embedding_norm, bert.n_token_types, bert.norm_eps) == (True, 2, 1e-12)
+    assert t5.tied_output_scale and t5.tie_embeddings and t5.position == "t5"
+    bart, marian = ModelConfig.preset("bart-base"), ModelConfig.preset("marian")
+    assert (bart.position_offset, bart.embedding_norm, bart.output_bias, bart.pad_id) == (2, True, True, 1)
+    assert (marian.activation, marian.sinusoidal_layout, marian.output_bias, marian.scale_embeddings) == (
+        "silu", "halves", True, True)
 
 
 def test_valid_configs_have_no_problems_and_derived_values() -> None:

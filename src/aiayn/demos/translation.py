@@ -111,10 +111,10 @@ def draw_cross_attention(model, src_tok, tgt_tok, sentence: str, path: Path) -> 
     hyp = translate_texts(model, src_tok, tgt_tok, [sentence], beam=1)[0]
     src = torch.tensor([src_tok.encode(sentence)])
     tgt_ids = tgt_tok.encode(hyp)
-    tgt_in = torch.tensor([[tgt_tok.bos_id] + tgt_ids])
+    tgt_in = torch.tensor([[tgt_tok.decoder_start_id] + tgt_ids])
     out = model(src, tgt_in, return_weights=True)
     weights = out.attentions["cross"][-1][0]  # (H, T, S) of the last layer
-    q_labels = [tgt_tok.id_to_token(i) for i in tgt_ids] + ["</s>"]
+    q_labels = [tgt_tok.id_to_token(i) for i in tgt_ids] + [tgt_tok.id_to_token(tgt_tok.eos_id)]
     k_labels = [src_tok.id_to_token(i) for i in src[0].tolist()]
     return plot_attention(weights, q_labels, k_labels, path,
                           title=f"cross-attention, last decoder layer: {sentence!r}")

@@ -76,14 +76,14 @@ def check_lengths(lengths: Sequence[int], limit: int, on_long: str, names: Seque
                    f"inputs over the limit of {limit} tokens")
 
 
-def check_unknown(ids: Sequence[Sequence[int]], unk_id: int, names: Sequence[str],
+def check_unknown(ids: Sequence[Sequence[int]], unk_id: int | None, names: Sequence[str],
                   share: float = UNKNOWN_SHARE) -> list[str]:
     """Warnings for inputs where more than ``share`` of the tokens are ``unk_id``.
 
     Args:
         ids: (N,) the token ids of each input.
-        unk_id: the tokenizer's ``<unk>`` id (every aiayn tokenizer has one; byte-level vocabularies never
-            produce it, so they are never warned about).
+        unk_id: the tokenizer's ``<unk>`` id; None for a pretrained vocabulary without one (byte-level
+            vocabularies never produce it, so they are never warned about).
         names: (N,) how to name each input.
         share: the tolerated share of unknown tokens.
 

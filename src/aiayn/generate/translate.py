@@ -40,14 +40,20 @@ def seq2seq_models(model: object) -> list[EncoderDecoderModel]:
     return models
 
 
+def banned_output_ids(pad_id: int, bos_id: int | None, eos_id: int) -> list[int]:
+    """The ids a translation never outputs: pad and BOS (when the vocabulary has one), never EOS (a vocabulary
+    may pad with EOS, or start its decoder from EOS)."""
+    return sorted({pad_id, bos_id} - {eos_id, None})  # type: ignore[operator]  # None removed
+
+
 @contextmanager
-def _decoding(models: list[EncoderDecoderModel], src: Tensor, budget: Tensor, bos_id: int,
+def _decoding(models: list[EncoderDecoderModel], src: Tensor, budget: Tensor, start_id: int,
               pad_id: int) -> Iterator[Stepper]:
     """Every model in eval mode under inference mode, and one stepper over all of them (B, S) -> (B, V)."""
     with ExitStack() as stack:
         for m in models:
             stack.enter_context(eval_mode(m))
-        steppers = [Seq2SeqStepper(m, src, capacity=int(budget.max()) + 1, bos_id=bos_id,
+        steppers = [Seq2SeqStepper(m, src, capacity=int(budget.max()) + 1, bos_id=start_id,
                                    src_is_token=src != pad_id) for m in models]
         yield steppers[0] if len(steppers) == 1 else EnsembleStepper(steppers)
 
@@ -85,6 +91,14 @@ def max_output_length(model: Models, src_len: int, max_len_a: float, max_len_b: 
     return int(max_output_lengths(model, src, max_len_a, max_len_b, pad_id=0)[0])
 
 
+def _start(start_id: int | None, bos_id: int | None) -> int:
+    if start_id is not None:
+        return start_id
+    if bos_id is None:
+        raise AiaynError("the target vocabulary has no BOS token; pass start_id (the tokenizer's decoder_start_id)")
+    return bos_id
+
+
 def translate(
     model: Models,
     src: Tensor,
@@ -94,9 +108,10 @@ def translate(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     n_best: int = 1,
-    bos_id: int = 1,
+    bos_id: int | None = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    start_id: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam-search translation of a batch of source sentences (all sentences x beams as one batch).
 
@@ -109,7 +124,10 @@ def translate(
         alpha: GNMT length penalty ``((5 + |Y|) / 6) ** alpha`` (the paper: 0.6).
         max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (the paper: a=1, b=50).
         n_best: hypotheses per sentence, best first (<= beam_size).
-        bos_id, eos_id, pad_id: special ids; PAD and BOS are never produced.
+        bos_id, eos_id, pad_id: the target vocabulary's special ids (``tokenizer.bos_id`` ...); PAD and BOS are
+            never produced (``bos_id=None``: the vocabulary has no BOS).
+        start_id: the decoder's first input token (``tokenizer.decoder_start_id``: T5 and Marian start from pad,
+            BART from EOS); None: ``bos_id``.
     Returns:
         For each sentence, a list of up to ``n_best`` :class:`Hypothesis`, best first.
     """
@@ -121,9 +139,9 @@ def translate(
     if src.shape[0] == 0:
         return []
     budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
-    with _decoding(models, src, budget, bos_id, pad_id) as stepper:
+    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id) as stepper:
         return beam_search(stepper, budget, beam_size=beam_size, alpha=alpha, n_best=n_best, eos_id=eos_id,
-                           banned_ids=sorted({pad_id, bos_id}))
+                           banned_ids=banned_output_ids(pad_id, bos_id, eos_id))
 
 
 def greedy_translate(
@@ -133,9 +151,10 @@ def greedy_translate(
     alpha: float = 0.6,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
-    bos_id: int = 1,
+    bos_id: int | None = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    start_id: int | None = None,
 ) -> list[Hypothesis]:
     """Greedy translation: the most likely token at every step, until EOS or the length limit.
 
@@ -144,7 +163,7 @@ def greedy_translate(
         src: (B, S) long source ids, right-padded with ``pad_id``.
         alpha: only for the reported score (``logprob / lp``), so it compares with beam search's.
         max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (then EOS is forced).
-        bos_id, eos_id, pad_id: special ids; PAD and BOS are never produced.
+        bos_id, eos_id, pad_id, start_id: as in :func:`translate`.
     Returns:
         One :class:`Hypothesis` per sentence.
     """
@@ -152,9 +171,10 @@ def greedy_translate(
     if src.shape[0] == 0:
         return []
     budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
-    with _decoding(models, src, budget, bos_id, pad_id) as stepper:
+    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id) as stepper:
         tokens, lengths, logprob = decode_loop(stepper, greedy_choice, budget, stop_ids=(eos_id,),
-                                               force_stop_id=eos_id, banned_ids=sorted({pad_id, bos_id}),
+                                               force_stop_id=eos_id,
+                                               banned_ids=banned_output_ids(pad_id, bos_id, eos_id),
                                                pad_id=pad_id)
     out = []
     for row, n, lp in zip(tokens.tolist(), lengths.tolist(), logprob.tolist()):

@@ -21,7 +21,8 @@ class DecoderModel(nn.Module):
         self.config = c
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.decoder = TransformerStack(c, c.n_layers, self.embed, causal=True, alpha=alpha)
-        self.lm_head = LMHead(c.d_model, c.vocab_size, self.embed if c.tie_embeddings else None)
+        self.lm_head = LMHead(c.d_model, c.vocab_size, self.embed if c.tie_embeddings else None, bias=c.output_bias,
+                              scale=c.d_model**-0.5 if c.tied_output_scale else 1.0)
 
     def new_cache(self, capacity: int) -> DecoderCache:
         """An empty KV cache for up to ``capacity`` positions (it grows if exceeded)."""
@@ -38,6 +39,7 @@ class DecoderModel(nn.Module):
         cache: DecoderCache | None = None,
         return_weights: bool = False,
         compute_logits: bool = True,
+        token_type_ids: Tensor | None = None,
     ) -> ModelOutput:
         """Next-token logits.
 
@@ -51,6 +53,7 @@ class DecoderModel(nn.Module):
             return_weights: include per-layer attention weights under ``attentions["self"]``.
             compute_logits: False skips the output projection (``logits`` is None; the trainer projects
                 ``hidden`` in ``lm_head.loss``).
+            token_type_ids: (B, T) long token types (``config.n_token_types``); default all 0.
         Returns:
             logits (B, T, V) and hidden (B, T, D).
         """
@@ -62,5 +65,5 @@ class DecoderModel(nn.Module):
         if prefix_len is not None:
             attn_mask = M.combine(attn_mask, M.prefix_lm_mask(ids.shape[1], prefix_len))
         h, w = self.decoder(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, cache=cache,
-                            return_weights=return_weights)
+                            return_weights=return_weights, token_type_ids=token_type_ids)
         return ModelOutput(self.lm_head(h) if compute_logits else None, h, {"self": w["self"]} if w else None)

@@ -26,12 +26,12 @@ class EncoderModel(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.encoder = TransformerStack(c, c.encoder_layers, self.embed, causal=False, alpha=alpha)
         self.mlm_head = MLMHead(c.d_model, c.vocab_size, c.norm, c.norm_eps,
-                                self.embed if c.tie_embeddings else None)
+                                self.embed if c.tie_embeddings else None, c.gelu_approximate)
         self.cls_head = ClassificationHead(c.d_model, c.n_classes, c.pooling, c.dropout) if c.n_classes else None
         self.token_head = TokenClassificationHead(c.d_model, c.n_token_labels, c.dropout) if c.n_token_labels else None
 
     def forward(self, ids: Tensor, is_token: Tensor | None = None, task: str = "mlm",
-                return_weights: bool = False) -> ModelOutput:
+                return_weights: bool = False, token_type_ids: Tensor | None = None) -> ModelOutput:
         """Encode and apply a head.
 
         Args:
@@ -40,10 +40,12 @@ class EncoderModel(nn.Module):
             task: "mlm" -> (B, S, V) logits; "classify" -> (B, n_classes); "tokens" -> (B, S, n_labels);
                 "hidden" -> logits = hidden states (B, S, D).
             return_weights: include per-layer attention weights under ``attentions["encoder"]``.
+            token_type_ids: (B, S) long token types, e.g. BERT's segments A = 0 and B = 1 (``config.n_token_types``);
+                default all 0.
         """
         if is_token is None:
             is_token = ids != self.config.pad_id
-        h, w = self.encoder(ids, is_token=is_token, return_weights=return_weights)
+        h, w = self.encoder(ids, is_token=is_token, return_weights=return_weights, token_type_ids=token_type_ids)
         if task == "mlm":
             logits = self.mlm_head(h)
         elif task == "classify":

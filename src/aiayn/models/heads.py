@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.nn.feedforward import activation_fn
 from aiayn.nn.norms import build_norm
 from aiayn.train.losses import label_smoothed_nll
 
@@ -16,22 +16,26 @@ RowTop = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, "Tensor | None"]
 
 
 class LMHead(nn.Module):
-    """Hidden states -> vocabulary logits; the weight may be tied to an embedding (paper section 3.4).
+    """Hidden states -> vocabulary logits ``proj(h * scale)``; the weight may be tied to an embedding (paper section
+    3.4), and the projection may have a bias (BART's ``final_logits_bias``). ``scale`` is 1 except for T5 v1.0, which
+    multiplies by d_model^-0.5 before its tied output layer.
 
     Besides the projection, the head owns what is computed from its logits: the training loss (:meth:`loss`) and the
     choice of next tokens in decoding (:meth:`greedy_chooser`, :meth:`row_top`). They are methods so that an
     accelerator can replace them with fused forms (it substitutes the head's class); these are the references.
     """
 
-    def __init__(self, d_model: int, vocab_size: int, tied_to: nn.Embedding | None = None) -> None:
+    def __init__(self, d_model: int, vocab_size: int, tied_to: nn.Embedding | None = None, *, bias: bool = False,
+                 scale: float = 1.0) -> None:
         super().__init__()
-        self.proj = nn.Linear(d_model, vocab_size, bias=False)
+        self.scale = scale
+        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
         if tied_to is not None:
             self.proj.weight = tied_to.weight
 
     def forward(self, h: Tensor) -> Tensor:
         """h (..., D) -> logits (..., V)."""
-        return self.proj(h)
+        return self.proj(h * self.scale if self.scale != 1.0 else h)
 
     def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
         """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.train.losses.label_smoothed_nll`).
@@ -89,23 +93,28 @@ def reference_row_top(logits: Tensor, banned_ids: Sequence[int], n: int) -> RowT
 
 
 class MLMHead(nn.Module):
-    """BERT's masked-LM head: dense + GELU + norm, then the (tied) vocabulary projection with a bias."""
+    """BERT's masked-LM head: dense + GELU + norm, then the (tied) vocabulary projection with a bias.
+
+    ``gelu_approximate`` "tanh" takes GELU's tanh approximation (as the model's feed-forward networks do).
+    """
 
     def __init__(self, d_model: int, vocab_size: int, norm: str = "layernorm", eps: float = 1e-5,
-                 tied_to: nn.Embedding | None = None) -> None:
+                 tied_to: nn.Embedding | None = None, gelu_approximate: str = "none") -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
+        self.act = activation_fn("gelu", gelu_approximate)
         self.norm = build_norm(norm, d_model, eps)
         self.decoder = LMHead(d_model, vocab_size, tied_to)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, h: Tensor) -> Tensor:
         """h (B, T, D) -> logits (B, T, V)."""
-        return self.decoder(self.norm(F.gelu(self.dense(h)))) + self.bias
+        return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
 
 
 class ClassificationHead(nn.Module):
-    """Pool a sequence (first token or mean of real tokens), then dense + tanh + dropout + linear."""
+    """Pool a sequence (first token or mean of real tokens), then dense + tanh + dropout + linear: with "cls"
+    pooling, BERT's pooler (dense + tanh on the first token) and its sequence classifier."""
 
     def __init__(self, d_model: int, n_classes: int, pooling: str = "cls", dropout: float = 0.1) -> None:
         super().__init__()

@@ -29,7 +29,8 @@ class EncoderDecoderModel(nn.Module):
                           else nn.Embedding(c.target_vocab_size, c.d_model, padding_idx=c.pad_id))
         self.encoder = TransformerStack(c, c.encoder_layers, self.src_embed, causal=False, alpha=enc_alpha)
         self.decoder = TransformerStack(c, c.n_layers, self.tgt_embed, causal=True, cross=True, alpha=dec_alpha)
-        self.lm_head = LMHead(c.d_model, c.target_vocab_size, self.tgt_embed if c.tie_embeddings else None)
+        self.lm_head = LMHead(c.d_model, c.target_vocab_size, self.tgt_embed if c.tie_embeddings else None,
+                              bias=c.output_bias, scale=c.d_model**-0.5 if c.tied_output_scale else 1.0)
 
     def encode(self, src: Tensor, src_is_token: Tensor | None = None,
                return_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor] | None]:

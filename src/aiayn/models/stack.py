@@ -22,6 +22,9 @@ from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, Sinusoi
 class TransformerStack(nn.Module):
     """Embeddings + positions + N layers (+ final norm for pre-LN).
 
+    The input of the layers is ``Dropout(Norm(embed(ids) * embed_scale + token_type_embed(types) + positions))``, the
+    token types and the norm where the config has them (``n_token_types``, ``embedding_norm``).
+
     Args:
         config: the model config.
         n_layers: number of layers.
@@ -39,11 +42,14 @@ class TransformerStack(nn.Module):
         self.embed = embedding
         self.embed_scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
         self.abs_pos: nn.Module | None = {
-            "sinusoidal": lambda: SinusoidalPositions(c.d_model, c.max_len),
-            "learned": lambda: LearnedPositions(c.d_model, c.max_len),
+            "sinusoidal": lambda: SinusoidalPositions(c.d_model, c.max_len, c.sinusoidal_layout, c.position_offset),
+            "learned": lambda: LearnedPositions(c.d_model, c.max_len, c.position_offset),
         }.get(c.position, lambda: None)()
+        self.token_type_embed = nn.Embedding(c.n_token_types, c.d_model) if c.n_token_types else None
+        self.embed_norm = build_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.embedding_norm else None
         self.rotary = (RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, c.rope_scaling_factor,
-                                       c.rope_original_max_len or c.max_len) if c.position == "rope" else None)
+                                       c.rope_original_max_len or c.max_len, c.rope_low_freq_factor,
+                                       c.rope_high_freq_factor) if c.position == "rope" else None)
         self.pos_bias: nn.Module | None = None
         if c.position == "alibi":
             self.pos_bias = ALiBi(c.n_heads)
@@ -65,6 +71,7 @@ class TransformerStack(nn.Module):
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: bool = False,
+        token_type_ids: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
         """Run the stack.
 
@@ -79,12 +86,13 @@ class TransformerStack(nn.Module):
             memory_is_token: (B, S_src) bool, False at source padding.
             cache: a :class:`DecoderCache` for incremental decoding (causal stacks).
             return_weights: collect per-layer attention weights.
+            token_type_ids: (B|1, T) long token types (stacks with ``n_token_types``); default all 0.
         Returns:
             hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
         """
         x, mask, bias, rotary, is_causal, memory_mask = self.prepare(
             ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory_is_token=memory_is_token,
-            cache=cache)
+            cache=cache, token_type_ids=token_type_ids)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(
@@ -114,6 +122,7 @@ class TransformerStack(nn.Module):
         attn_mask: Tensor | None = None,
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
+        token_type_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
         """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
         records the new positions in it. The one place where embeddings, positions and masks are made: the
@@ -126,6 +135,9 @@ class TransformerStack(nn.Module):
         """
         b, t = ids.shape
         c = self.config
+        if token_type_ids is not None and self.token_type_embed is None:
+            raise ValueError("token_type_ids given, but this model has no token types (config.n_token_types is not "
+                             "set)")
         start = cache.length if cache is not None else 0
         default_positions = positions is None  # start .. start + t - 1, known on the host
         if default_positions:
@@ -159,10 +171,18 @@ class TransformerStack(nn.Module):
                 cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
         x = self.embed(ids) * self.embed_scale  # (B, T, D)
+        if self.token_type_embed is not None:
+            if token_type_ids is not None:
+                tte = self.token_type_embed(token_type_ids)  # (B|1, T, D)
+            else:
+                tte = self.token_type_embed.weight[0]  # (D,): every token of type 0
+            x = x + (tte if tte.dtype == x.dtype else tte.to(x.dtype))
         if self.abs_pos is not None:
             # default positions (known on the host): a slice of the table; given ones: a gather
             pe = self.abs_pos.span(start, t) if default_positions else self.abs_pos(positions)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None
         x = self.dropout(x)

@@ -152,24 +152,27 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: key/value heads Hkv (default H).
         cross: build for cross-attention.
         bias: biases on the projections.
+        qkv_bias: biases on the query/key/value projections only (default ``bias``; Qwen2 has them without an output
+            bias).
         dropout: dropout on attention weights.
         scale: score scale (default 1/sqrt(Dh); T5 uses 1.0).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, cross: bool = False,
                  bias: bool = True, dropout: float = 0.0, head_dim: int | None = None,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, qkv_bias: bool | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
         self.cross, self.dropout, self.scale = cross, dropout, scale
         self.backend = "auto"
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        in_bias = bias if qkv_bias is None else qkv_bias
         if cross:
-            self.q_proj = nn.Linear(d_model, q_width, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * kv_width, bias=bias)
+            self.q_proj = nn.Linear(d_model, q_width, bias=in_bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_width, bias=in_bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=in_bias)
         self.out_proj = nn.Linear(q_width, d_model, bias=bias)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:

@@ -2,34 +2,54 @@
 
 Gated variants (Shazeer 2020): SwiGLU(x) = (SiLU(x W_gate) * x W_up) W_down, GeGLU with GELU. The gate
 and up projections are one fused matmul (``w_in`` of width 2 * d_ff, gate first).
+
+GELU is exact, x Phi(x), unless ``gelu_approximate="tanh"``: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's
+``gelu_new`` and T5 v1.1's gated GELU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-_ACTS = {"relu": F.relu, "gelu": F.gelu, "swiglu": F.silu, "geglu": F.gelu}
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU with the tanh approximation, ``F.gelu(x, approximate="tanh")``."""
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "swiglu": F.silu, "geglu": F.gelu}
+GELUS = {"none": F.gelu, "tanh": gelu_tanh}  # by ``gelu_approximate``
+
+
+def activation_fn(activation: str, gelu_approximate: str = "none") -> Callable[[Tensor], Tensor]:
+    """The pointwise function of ``activation`` (for a gated one, the gate's): GELU as ``gelu_approximate`` says."""
+    if activation not in _ACTS:
+        raise ValueError(f"unknown activation {activation!r}")
+    if gelu_approximate not in GELUS:
+        raise ValueError(f"unknown gelu_approximate {gelu_approximate!r}")
+    return GELUS[gelu_approximate] if activation in ("gelu", "geglu") else _ACTS[activation]
 
 
 class FeedForward(nn.Module):
-    """Two-layer position-wise FFN with ReLU/GELU, or a gated SwiGLU/GeGLU.
+    """Two-layer position-wise FFN with ReLU/GELU/SiLU, or a gated SwiGLU/GeGLU.
 
     Args:
         d_model: input/output width D.
         d_ff: hidden width.
-        activation: "relu" | "gelu" | "swiglu" | "geglu".
+        activation: "relu" | "gelu" | "silu" | "swiglu" | "geglu".
         dropout: dropout on the hidden activation (as in tensor2tensor's relu_dropout; 0 disables).
         bias: biases on the linear layers.
+        gelu_approximate: "none" (exact GELU) or "tanh", for "gelu" and "geglu".
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
-                 bias: bool = True) -> None:
+                 bias: bool = True, gelu_approximate: str = "none") -> None:
         super().__init__()
-        if activation not in _ACTS:
-            raise ValueError(f"unknown activation {activation!r}")
         self.gated = activation in ("swiglu", "geglu")
-        self.activation, self.act = activation, _ACTS[activation]
+        self.activation, self.act = activation, activation_fn(activation, gelu_approximate)
         self.w_in = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)

@@ -55,14 +55,15 @@ class TransformerLayer(nn.Module):
     def __init__(self, config: ModelConfig, cross: bool = False, alpha: float = 1.0) -> None:
         super().__init__()
         c = config
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, bias=c.bias,
-                                            dropout=c.attn_dropout, scale=1.0 if c.position == "t5" else None)
+        scale = 1.0 if c.position == "t5" else None  # T5 folds 1/sqrt(Dh) into its initialization
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, bias=c.bias, qkv_bias=c.qkv_uses_bias,
+                                            dropout=c.attn_dropout, scale=scale)
         self.self_res = Residual(c, alpha)
         self.cross_attn = (MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, cross=True, bias=c.bias,
-                                              dropout=c.attn_dropout, scale=1.0 if c.position == "t5" else None)
+                                              qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, scale=scale)
                            if cross else None)
         self.cross_res = Residual(c, alpha) if cross else None
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_dropout, c.bias)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_dropout, c.bias, c.gelu_approximate)
         self.ffn_res = Residual(c, alpha)
 
     def forward(

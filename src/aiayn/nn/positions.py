@@ -23,73 +23,89 @@ def _check_len(max_position: int, max_len: int, what: str) -> None:
                          "positions; truncate the input or build the model with a larger max_len")
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
     """The paper's table: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
+    Args:
+        layout: "interleaved" (the paper's columns, as above) or "halves": the same sines in the first half of the
+            columns and the cosines in the second (Marian, fairseq).
     Returns:
         (max_len, d_model) float32.
     """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
-    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (ceil(D/2),)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(pos / div)
-    pe[:, 1::2] = torch.cos(pos / div[: d_model // 2])
+    sin, cos = torch.sin(pos / div), torch.cos(pos / div[: d_model // 2])  # (L, ceil(D/2)), (L, D//2)
+    if layout == "halves":
+        pe[:, :sin.shape[1]], pe[:, sin.shape[1]:] = sin, cos
+    elif layout == "interleaved":
+        pe[:, 0::2], pe[:, 1::2] = sin, cos
+    else:
+        raise ValueError(f"unknown sinusoidal layout {layout!r}")
     return pe.float()
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal encodings (paper section 3.5), added to embeddings."""
+    """Fixed sinusoidal encodings (paper section 3.5), added to embeddings; position p reads table row p + ``offset``
+    (fairseq's sinusoidal positions start after the padding id)."""
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    def __init__(self, d_model: int, max_len: int, layout: str = "interleaved", offset: int = 0) -> None:
         super().__init__()
-        self.max_len = max_len
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.max_len, self.offset = max_len, offset
+        self.register_buffer("table", sinusoidal_table(max_len + offset, d_model, layout), persistent=False)
 
     def forward(self, positions: Tensor) -> Tensor:
         """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
         positions take :meth:`span` instead."""
         if positions.numel():
             _check_len(int(positions.max()), self.max_len, "sinusoidal")
-        return self.table[positions]
+        return self.table[positions + self.offset if self.offset else positions]
 
     def span(self, start: int, t: int) -> Tensor:
         """The encodings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (the same
         values as ``forward`` of those positions, without a gather: a decoding step's default positions)."""
         _check_len(start + t - 1, self.max_len, "sinusoidal")
+        start += self.offset
         return self.table[start:start + t][None]
 
 
 class LearnedPositions(nn.Module):
-    """Learned absolute position embeddings (GPT-2, BERT)."""
+    """Learned absolute position embeddings (GPT-2, BERT). Position p reads row p + ``offset`` of a table of
+    ``max_len + offset`` rows (BART's offset is 2)."""
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    def __init__(self, d_model: int, max_len: int, offset: int = 0) -> None:
         super().__init__()
-        self.max_len = max_len
-        self.weight = nn.Embedding(max_len, d_model)
+        self.max_len, self.offset = max_len, offset
+        self.weight = nn.Embedding(max_len + offset, d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
         """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
         positions take :meth:`span` instead."""
         if positions.numel():
             _check_len(int(positions.max()), self.max_len, "learned")
-        return self.weight(positions)
+        return self.weight(positions + self.offset if self.offset else positions)
 
     def span(self, start: int, t: int) -> Tensor:
         """The embeddings of positions start .. start + t - 1 for every row: (1, t, D), a slice of the table (as
         :meth:`SinusoidalPositions.span`)."""
         _check_len(start + t - 1, self.max_len, "learned")
+        start += self.offset
         return self.weight.weight[start:start + t][None]
 
 
 # ---------------------------------------------------------------------------------------------- RoPE
 def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: str = "none", factor: float = 1.0,
-                  original_max_len: int = 2048) -> tuple[Tensor, float]:
+                  original_max_len: int = 2048, low_freq_factor: float = 1.0,
+                  high_freq_factor: float = 4.0) -> tuple[Tensor, float]:
     """Inverse frequencies of RoPE and the attention factor multiplying cos/sin.
 
     - ``linear``: positions divided by ``factor`` (Chen et al. 2023), i.e. inv_freq / factor.
     - ``ntk``: NTK-aware base change, theta' = theta * factor^(d / (d - 2)).
     - ``yarn``: per-dimension blend of interpolation and extrapolation with a linear ramp between
       beta_fast = 32 and beta_slow = 1 rotations, and attention factor 0.1 ln(factor) + 1 (Peng et al. 2023).
+    - ``llama3``: by wavelength 2 pi / inv_freq against the original context L: kept below L / high_freq_factor,
+      divided by ``factor`` above L / low_freq_factor, and in between a blend with weight
+      s = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor) on the kept one (LLaMA 3.1).
 
     Returns:
         inv_freq (Dh/2,) float32 and the attention factor (1.0 except for YaRN).
@@ -100,6 +116,14 @@ def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: str = "none", 
     inv_freq = 1.0 / theta**exponents
     if scaling == "linear":
         return inv_freq / factor, 1.0
+    if scaling == "llama3":
+        wavelen = 2 * math.pi / inv_freq  # (Dh/2,)
+        low_freq_wavelen, high_freq_wavelen = original_max_len / low_freq_factor, original_max_len / high_freq_factor
+        long = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)  # the long waves interpolated
+        smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        blended = (1 - smooth) * long / factor + smooth * long
+        medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        return torch.where(medium, blended, long), 1.0
     if scaling != "yarn":
         return inv_freq, 1.0
 
@@ -121,9 +145,10 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al. 2021) in the rotate-half layout used by LLaMA checkpoints."""
 
     def __init__(self, head_dim: int, theta: float = 10000.0, scaling: str = "none", factor: float = 1.0,
-                 original_max_len: int = 2048) -> None:
+                 original_max_len: int = 2048, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> None:
         super().__init__()
-        inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling, factor, original_max_len)
+        inv_freq, self.attention_factor = rope_inv_freq(head_dim, theta, scaling, factor, original_max_len,
+                                                        low_freq_factor, high_freq_factor)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)

@@ -63,8 +63,10 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
 
 
 def wrap(ids: Sequence[int], tok: Tokenizer, max_len: int) -> list[int]:
-    """``[BOS] ids [EOS]`` cut to ``max_len`` tokens (BOS is the CLS token the classifier pools)."""
-    return ([tok.bos_id] + list(ids) + [tok.eos_id])[:max_len]
+    """``[BOS] ids [EOS]`` cut to ``max_len`` tokens (BOS is the CLS token the classifier pools; a vocabulary
+    without one, such as T5's, starts with the first token)."""
+    bos = [] if tok.bos_id is None else [tok.bos_id]
+    return (bos + list(ids) + [tok.eos_id])[:max_len]
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, epoch: int, lengths: Sequence[int] | None = None,
@@ -214,7 +216,12 @@ class MLMTask:
         self.valid_ids = [wrap(x, self.tok, self.max_len) for x in self.tok.encode_batch(valid)]
         self.train_lengths = [len(x) for x in self.train_ids]
         t = self.tok
-        self.special = (t.pad_id, t.bos_id, t.eos_id, t.unk_id, t.mask_id)
+        if t.mask_id is None:
+            raise AiaynError("masked-LM pretraining needs a tokenizer with a mask token; this vocabulary has none "
+                             "(GPT-2, LLaMA and T5 vocabularies lack one): use a BERT- or BART-style vocabulary, or "
+                             "train a tokenizer")
+        named = {t.pad_id, t.bos_id, t.eos_id, t.unk_id, t.mask_id} - {None}
+        self.special = tuple(sorted(set(t.special_ids) | named))  # never chosen, never drawn at random
 
     def _masked(self, seqs: list[list[int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         ids = pad_batch(seqs, self.tok.pad_id)  # (B, T)

@@ -101,6 +101,10 @@ class TranslationTask:
         else:
             self.src_tok, self.tgt_tok = self._train_tok(train[0]), self._train_tok(train[1])
         joint = self.src_tok is self.tgt_tok
+        if self.src_tok.pad_id != self.tgt_tok.pad_id:
+            raise AiaynError(f"the source and target tokenizers pad with different ids ({self.src_tok.pad_id} and "
+                             f"{self.tgt_tok.pad_id}); the model has one pad id: use one joint tokenizer, or two "
+                             "with the same pad id")
         forced: dict[str, Any] = {"vocab_size": self.src_tok.vocab_size, "pad_id": self.src_tok.pad_id}
         if not joint:
             forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
@@ -159,9 +163,11 @@ class TranslationTask:
         return (src, tgt), [(len(s), len(t) + 1) for s, t in zip(src, tgt)]
 
     def _collate(self, index: list[int], src_ids: list, tgt_ids: list) -> dict[str, Any]:
+        """A training batch: the target shifted right behind the target vocabulary's decoder start id (BOS for
+        the built-in tokenizers; pad for T5 and Marian vocabularies, EOS for BART) and ended by its EOS."""
         t = self.tgt_tok
-        batch = collate_seq2seq([src_ids[i] for i in index], [tgt_ids[i] for i in index], t.pad_id, t.bos_id,
-                                t.eos_id)
+        batch = collate_seq2seq([src_ids[i] for i in index], [tgt_ids[i] for i in index], t.pad_id,
+                                t.decoder_start_id, t.eos_id)
         return {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
     # ------------------------------------------------------------------ the Task protocol
@@ -265,7 +271,7 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
             src[row, :len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
         hyps = translate(models, src.to(device), beam_size=beam, alpha=alpha, max_len_a=max_len_a,
                          max_len_b=max_len_b, n_best=n_best, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id,
-                         pad_id=tgt_tok.pad_id)
+                         pad_id=tgt_tok.pad_id, start_id=tgt_tok.decoder_start_id)
         for row, i in enumerate(chunk):
             texts_i = [tgt_tok.decode(h.tokens) for h in hyps[row]]
             out[i] = texts_i[0] if n_best == 1 else texts_i

@@ -1,7 +1,9 @@
-"""Tokenizers: BPE (Hugging Face `tokenizers`), character and word level, behind one protocol.
+"""Tokenizers: BPE (Hugging Face `tokenizers`), character and word level, and pretrained vocabularies, behind
+one protocol.
 
-All tokenizers share the special ids ``<pad>=0 <s>=1 </s>=2 <unk>=3 <mask>=4``, save to one JSON
-file, and load back with :func:`load_tokenizer` whatever their kind.
+The trainable tokenizers share the special ids ``<pad>=0 <s>=1 </s>=2 <unk>=3 <mask>=4``; a pretrained
+vocabulary (:class:`PretrainedTokenizer`, read from a transformers tokenizer folder) keeps its model's own
+special tokens and ids. Every kind saves to one JSON file and loads back with :func:`load_tokenizer`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from aiayn.tokenize.base import (
 )
 from aiayn.tokenize.bpe import BPETokenizer
 from aiayn.tokenize.char import CharTokenizer
+from aiayn.tokenize.pretrained import PretrainedTokenizer
 from aiayn.tokenize.word import WordTokenizer
 
 TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "char", "word")
@@ -96,6 +99,7 @@ __all__ = [
     "UNK_ID",
     "BPETokenizer",
     "CharTokenizer",
+    "PretrainedTokenizer",
     "Tokenizer",
     "WordTokenizer",
     "load_tokenizer",

@@ -1,9 +1,13 @@
 """The one tokenizer protocol, the fixed special tokens, and saving/loading as one JSON file.
 
-Every tokenizer (BPE, char, word) gives the same five special tokens the same ids, so models,
-batching and decoding never ask which tokenizer they run with::
+Every built-in tokenizer (BPE, char, word) gives the same five special tokens the same ids::
 
     <pad>=0  <s>=1  </s>=2  <unk>=3  <mask>=4
+
+A pretrained vocabulary (:class:`~aiayn.tokenize.pretrained.PretrainedTokenizer`) has its own special
+tokens at its own ids, and may lack some (GPT-2 has no pad token, T5 no BOS). Code that needs a special
+id therefore asks the tokenizer (``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``, ``mask_id``,
+``decoder_start_id``, ``special_ids``) and never assumes 0-4.
 
 ``encode`` adds no BOS/EOS (batching adds them). ``decode`` drops special tokens (``<unk>``
 included) when ``skip_special`` is true, and ``decode(encode(x)) == normalize(x)`` for every string.
@@ -29,6 +33,7 @@ MASK = "<mask>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK, MASK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(5)
 NUM_SPECIAL = len(SPECIAL_TOKENS)
+_BUILTIN_SPECIAL_IDS = frozenset(range(NUM_SPECIAL))
 
 FORMAT_VERSION = 1
 
@@ -43,21 +48,23 @@ class Tokenizer(ABC):
     """
 
     kind: ClassVar[str] = ""
+    #: False for kinds read from elsewhere rather than trained by aiayn (a pretrained vocabulary).
+    trained: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.kind:
             _REGISTRY[cls.kind] = cls
 
-    # ---- special ids (the same in every tokenizer) -------------------------------------------
+    # ---- special ids (0-4 in the built-in tokenizers; a pretrained vocabulary has its own) -----
     @property
     def pad_id(self) -> int:
         """Id of ``<pad>`` (0)."""
         return PAD_ID
 
     @property
-    def bos_id(self) -> int:
-        """Id of ``<s>`` (1)."""
+    def bos_id(self) -> int | None:
+        """Id of ``<s>`` (1); None only for a pretrained vocabulary without one (T5)."""
         return BOS_ID
 
     @property
@@ -66,14 +73,25 @@ class Tokenizer(ABC):
         return EOS_ID
 
     @property
-    def unk_id(self) -> int:
-        """Id of ``<unk>`` (3)."""
+    def unk_id(self) -> int | None:
+        """Id of ``<unk>`` (3); None only for a pretrained vocabulary without one."""
         return UNK_ID
 
     @property
-    def mask_id(self) -> int:
-        """Id of ``<mask>`` (4)."""
+    def mask_id(self) -> int | None:
+        """Id of ``<mask>`` (4); None only for a pretrained vocabulary without one (GPT-2, T5)."""
         return MASK_ID
+
+    @property
+    def decoder_start_id(self) -> int:
+        """The first id of a seq2seq decoder's input (the target shifted right): ``bos_id`` here; a pretrained
+        vocabulary uses its model's own (T5 and Marian start from pad, BART from EOS)."""
+        return BOS_ID
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of special tokens, which ``decode(skip_special=True)`` drops: 0-4 here."""
+        return _BUILTIN_SPECIAL_IDS
 
     # ---- the protocol ------------------------------------------------------------------------
     @property
@@ -95,7 +113,8 @@ class Tokenizer(ABC):
 
         Args:
             ids: token ids (any iterable of ints, e.g. a list or a 1-D tensor's ``tolist()``).
-            skip_special: drop the five special tokens (``<unk>`` included) instead of writing them.
+            skip_special: drop the special tokens (:attr:`special_ids`, ``<unk>`` included) instead of
+                writing them.
                 Decoding never stops early at ``</s>``; cut the ids first if you need that.
         """
 
@@ -236,9 +255,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         ) from None
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in _REGISTRY:
+        trained = sorted(k for k, c in _REGISTRY.items() if c.trained)
+        imported = " or ".join(repr(k) for k, c in sorted(_REGISTRY.items()) if not c.trained)
         raise AiaynError(
-            f'{path}: unknown tokenizer kind {kind!r}; the "kind" field must be one of '
-            f"{sorted(_REGISTRY)}. Is this a tokenizer file saved by aiayn?"
+            f'{path}: unknown tokenizer kind {kind!r}; the "kind" field must be one of {trained}'
+            f"{f' (trained) or {imported} (a pretrained vocabulary)' if imported else ''}. "
+            "Is this a tokenizer file saved by aiayn?"
         )
     version = data.get("format_version", FORMAT_VERSION)
     if version != FORMAT_VERSION:

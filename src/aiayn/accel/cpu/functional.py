@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from aiayn.accel.cpu import decode_attention, short_attention
-from aiayn.accel.cpu.packed import FUSED_ACTIVATIONS, PackedLinear
+from aiayn.accel.cpu.packed import ACTIVATION_FNS, FUSED_ACTIVATIONS, PackedLinear
 from aiayn.nn.attention import fused_attention
 from aiayn.nn.feedforward import FeedForward
 
@@ -37,6 +37,15 @@ def cpu_attention_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, b
     return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
 
 
+def fused_activation(ffn: FeedForward) -> str | None:
+    """The name in ``FUSED_ACTIVATIONS`` of ``ffn``'s activation, or None where a product cannot apply it: a gated
+    network, or a function the fused kernels do not compute (SiLU, GELU's tanh approximation)."""
+    name = ffn.activation
+    if ffn.gated or name not in FUSED_ACTIVATIONS or ffn.act is not ACTIVATION_FNS[name]:
+        return None
+    return name
+
+
 def feed_forward(ffn: FeedForward, x: Tensor, w_in: Callable[..., Tensor], w_out: Callable[[Tensor], Tensor]) -> Tensor:
     """``ffn`` at inference with its two products given as callables (its own layers, or a decoding step's planned
     products); the activation goes into ``w_in``'s product where the layer is a :class:`PackedLinear`.
@@ -46,8 +55,9 @@ def feed_forward(ffn: FeedForward, x: Tensor, w_in: Callable[..., Tensor], w_out
     Returns:
         (..., D).
     """
-    if isinstance(ffn.w_in, PackedLinear) and ffn.activation in FUSED_ACTIVATIONS:
-        h = w_in(x, activation=ffn.activation)  # (..., d_ff)
+    fused = fused_activation(ffn)
+    if isinstance(ffn.w_in, PackedLinear) and fused is not None:
+        h = w_in(x, activation=fused)  # (..., d_ff)
     else:
         h = w_in(x)  # (..., d_ff) or (..., 2*d_ff)
         if ffn.gated:

@@ -52,8 +52,10 @@ class CPUDecodingStack(TransformerStack):
     def forward(self, ids: Tensor, *, is_token: Tensor | None = None, positions: Tensor | None = None,
                 attn_mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_is_token: Tensor | None = None, cache: DecoderCache | None = None,
-                return_weights: bool = False) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
-        fast_ok = not return_weights and attn_mask is None and not torch.is_grad_enabled() and not self.training
+                return_weights: bool = False,
+                token_type_ids: Tensor | None = None) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
+        fast_ok = (not return_weights and attn_mask is None and token_type_ids is None and not torch.is_grad_enabled()
+                   and not self.training)
         if fast_ok and cache is not None and ids.shape[1] == 1 and is_token is None:
             step = self._for_block("_fast_step", FastDecoderStep.build)
             if step is not None:
@@ -70,7 +72,8 @@ class CPUDecodingStack(TransformerStack):
                 if out is not None:
                     return out, None
         return super().forward(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory=memory,
-                               memory_is_token=memory_is_token, cache=cache, return_weights=return_weights)
+                               memory_is_token=memory_is_token, cache=cache, return_weights=return_weights,
+                               token_type_ids=token_type_ids)
 
     def _for_block(self, name: str, build: Callable[[TransformerStack], object]) -> object:
         """``build(self)``, made once per :func:`~aiayn.accel.cpu.packed.frozen_weights` block (a decoding scope) and
@@ -93,7 +96,9 @@ class CPULMHead(LMHead):
     """:class:`~aiayn.models.heads.LMHead` with fused CPU forms of what is computed from its logits: the training loss
     projects and scores in chunks (:func:`~aiayn.accel.cpu.fused_loss.linear_label_smoothed_nll`), greedy decoding
     screens the output layer (:class:`~aiayn.accel.cpu.screened_argmax.GreedyHead`), and beam search takes each row's
-    best tokens in two native passes (:func:`aiayn.accel.cpu.native.row_top`)."""
+    best tokens in two native passes (:func:`aiayn.accel.cpu.native.row_top`). The head's ``scale`` multiplies the
+    hidden states before each, as in the reference; an output layer with a bias takes the reference loss, and greedy
+    search computes its full logits (:func:`~aiayn.accel.cpu.screened_argmax.screen_for`)."""
 
     def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:  # noqa: D102
         from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
@@ -101,12 +106,22 @@ class CPULMHead(LMHead):
         weight = self.proj.weight
         if not isinstance(weight, Tensor) or h.device.type != "cpu" or self.proj.bias is not None:
             return super().loss(h, labels, label_smoothing)
-        return linear_label_smoothed_nll(h, weight, labels, label_smoothing)
+        return linear_label_smoothed_nll(h * self.scale if self.scale != 1.0 else h, weight, labels, label_smoothing)
 
     def greedy_chooser(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:  # noqa: D102
         from aiayn.accel.cpu.screened_argmax import GreedyHead
 
-        return GreedyHead(self.proj, banned_ids)
+        head = GreedyHead(self.proj, banned_ids)
+        if self.scale == 1.0:
+            return head
+        scale, weight = self.scale, self.proj.weight
+
+        def choose(h: Tensor) -> Tensor:  # h (N, D) -> (N,): in the weight's dtype, then scaled, as LMHead's own
+            if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
+                h = h.to(weight.dtype)
+            return head(h * scale)
+
+        return choose
 
     def row_top(self, logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:  # noqa: D102
         if native.library() is None or not native.cpu_fp32(logits):

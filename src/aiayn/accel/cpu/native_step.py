@@ -13,12 +13,13 @@ An encoder's pass at inference goes the same way (:meth:`NativeLayers.encode`,
 :class:`~aiayn.accel.cpu.fast_step.FastEncoder`): each token attends over its own sentence's keys.
 
 It serves a step only where everything in it has a native form (:meth:`NativeLayers.build`): every product planned
-to a native kernel; norms that are LayerNorm, RMSNorm or none; a feed-forward network with ReLU/GELU fused into its
-first product, or a gated one (SwiGLU, GeGLU: the gate applied in C); RoPE or no rotary embedding (applied in C to the
-queries and new keys); self-attention over the cache through the native kernel (no ALiBi/T5 position bias) and,
-for an encoder-decoder, cross-attention through it too. Otherwise the Python loop runs; ``SETTINGS.native_layers``
-off (:mod:`aiayn.accel.cpu.settings`) keeps it always. The results equal the Python loop's up to float rounding (the
-norms' moments are summed in another order); tests hold them equal.
+to a native kernel; norms that are LayerNorm, RMSNorm or none; a feed-forward network with ReLU/exact GELU fused into
+its first product, or a gated one (SwiGLU, GeGLU with the exact GELU: the gate applied in C); RoPE or no rotary
+embedding (applied in C to the queries and new keys); self-attention over the cache through the native kernel (no
+ALiBi/T5 position bias) and, for an encoder-decoder, cross-attention through it too. Otherwise the Python loop runs
+(SiLU and GELU's tanh approximation among them); ``SETTINGS.native_layers`` off (:mod:`aiayn.accel.cpu.settings`)
+keeps it always. The results equal the Python loop's up to float rounding (the norms' moments are summed in another
+order); tests hold them equal.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import ctypes
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.accel.cpu import native
-from aiayn.accel.cpu.packed import FUSED_ACTIVATIONS, PackedLinear
+from aiayn.accel.cpu.functional import fused_activation
+from aiayn.accel.cpu.packed import PackedLinear
 from aiayn.accel.cpu.quantize import Int8Linear
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.nn.cache import DecoderCache
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from aiayn.accel.cpu.fast_step import _Layer, _Product, _Wiring
 
 GATED = {"swiglu": 1, "geglu": 2}  # a gated feed-forward network's activation, by name: decoder_layer.c's code
+GATE_FNS = {"swiglu": F.silu, "geglu": F.gelu}  # the gate's function that each code computes (exact GELU)
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 
@@ -125,18 +129,19 @@ class NativeLayers:
             return None
         c_layers = []
         for lay in layers:
-            gated = GATED.get(lay.ffn.activation, 0) if lay.ffn.gated else 0
-            if lay.self_backend == "reference" or (lay.ffn.gated and not gated):
+            ffn = lay.ffn
+            gated = GATED.get(ffn.activation, 0) if ffn.gated and ffn.act is GATE_FNS.get(ffn.activation) else 0
+            if lay.self_backend == "reference" or (ffn.gated and not gated):
                 return None
             # without a gate the activation is fused into w_in's product, which a PackedLinear or an Int8Linear does
-            if not gated and not (lay.ffn.activation in FUSED_ACTIVATIONS
-                                  and isinstance(lay.ffn.w_in, (PackedLinear, Int8Linear))):
+            fused = fused_activation(ffn)
+            if not gated and not (fused is not None and isinstance(ffn.w_in, (PackedLinear, Int8Linear))):
                 return None
             if lay.cross and lay.cross_backend == "reference":
                 return None
             qw, kvw = lay.q_width, 2 * lay.hkv * lay.dh
             products = {"qkv": _product(lay.qkv, rows, d), "self_out": _product(lay.self_out, rows, qw),
-                        "w_in": _product(lay.w_in, rows, d, None if gated else lay.ffn.activation)}
+                        "w_in": _product(lay.w_in, rows, d, None if gated else fused)}
             hidden = None if products["w_in"] is None else products["w_in"].n // (2 if gated else 1)
             products["w_out"] = None if hidden is None else _product(lay.w_out, rows, hidden)
             wirings = {"self_res": _wiring(lay.self_res, d), "ffn_res": _wiring(lay.ffn_res, d)}

@@ -21,17 +21,23 @@ from aiayn.nn.norms import RMSNorm
 #: the values of each architectural choice that every fast path (train and decode) implements
 SUPPORTED: dict[str, tuple] = {
     "arch": ("encoder", "decoder", "encoder-decoder"),
-    "activation": ("relu", "gelu", "swiglu", "geglu"),
+    "activation": ("relu", "gelu", "silu", "swiglu", "geglu"),
+    "gelu_approximate": ("none", "tanh"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("post", "pre"),
     "position": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
-    "rope_scaling": ("none", "linear", "ntk", "yarn"),
+    "sinusoidal_layout": ("interleaved", "halves"),
+    "rope_scaling": ("none", "linear", "ntk", "yarn", "llama3"),
     "init": ("paper", "gpt2"),
     "pooling": ("cls", "mean"),
     "deepnorm": (False, True),
     "bias": (False, True),
+    "qkv_bias": (None, False, True),
     "scale_embeddings": (False, True),
+    "embedding_norm": (False, True),
     "tie_embeddings": (False, True),
+    "tied_output_scale": (False, True),
+    "output_bias": (False, True),
     "share_src_tgt_embeddings": (False, True),
 }
 
@@ -39,8 +45,8 @@ SUPPORTED: dict[str, tuple] = {
 NEUTRAL = frozenset({
     "vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "n_encoder_layers", "d_ff",
     "max_len", "dropout", "attn_dropout", "ffn_dropout", "norm_eps", "rope_theta", "rope_scaling_factor",
-    "rope_original_max_len", "t5_num_buckets", "t5_max_distance", "sliding_window", "pad_id", "n_classes",
-    "n_token_labels", "name",
+    "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor", "t5_num_buckets", "t5_max_distance",
+    "sliding_window", "pad_id", "n_classes", "n_token_labels", "n_token_types", "position_offset", "name",
 })
 
 #: the module types a fast decoding step replaces, exactly (a subclass may change what the step would skip)
