@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered by the ``aiayn.cli`` modules."""
     from aiayn.cli import (
         commands,
+        convert_command,  # noqa: F401  (registers convert)
         lm_commands,  # noqa: F401  (registers generate and classify)
     )
 

@@ -1,0 +1,36 @@
+"""``aiayn convert``: Hugging Face transformers folders to aiayn checkpoints and back."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aiayn.cli.commands import command
+
+
+@command("convert", "Convert a Hugging Face transformers model (a folder, or a Hub name in the local cache) into an "
+                    "aiayn checkpoint (--from-hf), or an aiayn checkpoint into a transformers folder (--to-hf).")
+def _convert(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--from-hf", metavar="PATH_OR_NAME",
+                       help="a transformers model folder (config.json, weights, tokenizer files) or a Hub name")
+    which.add_argument("--to-hf", metavar="CHECKPOINT", help="an aiayn checkpoint directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the folder to write: an aiayn checkpoint (--from-hf) or a transformers folder (--to-hf)")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.hf import from_hf, to_hf
+
+        if args.from_hf:
+            out = from_hf(args.from_hf, args.out)
+            print(f"wrote the aiayn checkpoint {out}")
+            return 0
+        notes: list[str] = []
+        out = to_hf(args.to_hf, args.out, say=notes.append)
+        for note in notes:
+            print(f"aiayn convert: warning: {note}", file=sys.stderr)
+        print(f"wrote the transformers folder {out}")
+        return 0
+
+    p.set_defaults(run=run)
+

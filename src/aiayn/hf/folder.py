@@ -1,0 +1,204 @@
+"""Reading and writing a Hugging Face transformers model folder (what ``save_pretrained`` writes).
+
+Read: ``config.json``; the weights from ``model.safetensors``, a sharded ``model.safetensors.index.json``,
+``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: nothing is unpickled) or a sharded
+``pytorch_model.bin.index.json``, in that order of preference; the tokenizer files beside them
+(:meth:`~aiayn.tokenize.PretrainedTokenizer.from_folder`). Every missing or corrupt file is one
+:class:`~aiayn.errors.AiaynError` that names it.
+
+Write: ``config.json`` (``architectures``, ``model_type``, ``torch_dtype``, the special token ids),
+``generation_config.json``, ``model.safetensors`` (each tied weight once, as transformers saves it) and the
+tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json`` (a fast tokenizer that
+``AutoTokenizer.from_pretrained`` loads). The folder is written beside its destination and then renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.errors import AiaynError, where
+from aiayn.tokenize import Tokenizer
+
+CONFIG = "config.json"
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "spiece.model", "vocab.txt", "source.spm", "target.spm")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a model folder (an AiaynError naming the file when missing or corrupt)."""
+    if not path.is_file():
+        raise AiaynError(f"{path}: no such file; a transformers model folder holds {CONFIG} and its weights (what "
+                         "model.save_pretrained(folder) writes): download the whole folder")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise AiaynError(f"{where(path, e.lineno)}: not valid JSON ({e.msg}); the file is corrupt: download it "
+                         "again") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise AiaynError(f"{path}: cannot read the file ({e}); check its permissions and encoding") from None
+    if not isinstance(data, dict):
+        raise AiaynError(f"{path}: expected a JSON object, got {type(data).__name__}; the file is corrupt: "
+                         "download it again")
+    return data
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The folder's ``config.json`` as a dict (it must name its ``model_type``)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AiaynError(f"{folder}: no such folder; pass a transformers model folder (config.json and weights)")
+    config = read_json(folder / CONFIG)
+    if not isinstance(config.get("model_type"), str):
+        raise AiaynError(f"{folder / CONFIG}: no model_type; this is not a transformers model config (save the model "
+                         "with model.save_pretrained(folder))")
+    return config
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The files that hold the folder's weights, in the order of preference (safetensors first)."""
+    folder = Path(folder)
+    for single, index in ((SAFETENSORS, SAFETENSORS_INDEX), (BIN, BIN_INDEX)):
+        if (folder / single).is_file():
+            return [folder / single]
+        if (folder / index).is_file():
+            data = read_json(folder / index)
+            weight_map = data.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise AiaynError(f"{folder / index}: no weight_map; the index is corrupt: download it again")
+            shards = sorted({str(v) for v in weight_map.values()})
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise AiaynError(f"{folder / missing[0]}: no such file, though {index} lists it"
+                                 f"{f' (and {len(missing) - 1} more shards)' if len(missing) > 1 else ''}; download "
+                                 "every shard of the model")
+            return [folder / s for s in shards]
+    raise AiaynError(f"{folder}: no weights; a transformers model folder holds {SAFETENSORS}, {SAFETENSORS_INDEX} "
+                     f"with its shards, {BIN} or {BIN_INDEX}: download the model's weights too")
+
+
+def _read_one(file: Path) -> dict[str, Tensor]:
+    if file.suffix == ".safetensors":
+        import safetensors
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file), device="cpu")
+        except (safetensors.SafetensorError, OSError, ValueError) as e:
+            raise AiaynError(f"{file}: cannot read the weights ({str(e).strip()[:200]}); the file is corrupt or "
+                             "incomplete: download it again") from None
+    try:
+        state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises pickle, zip and runtime errors of many kinds
+        raise AiaynError(f"{file}: cannot read the weights ({type(e).__name__}: {str(e).strip()[:200]}); the file "
+                         "is corrupt, incomplete, or holds more than tensors: download it again") from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise AiaynError(f"{file}: expected a dict of tensors; it is not a transformers weights file")
+    return state
+
+
+def read_weights(folder: str | Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's weights (shards merged), by transformers' key."""
+    state: dict[str, Tensor] = {}
+    for file in weight_files(folder):
+        part = _read_one(file)
+        twice = set(state) & set(part)
+        if twice:
+            raise AiaynError(f"{file}: holds {sorted(twice)[0]!r} that another shard holds too; the shards are of "
+                             "different downloads: download the model again")
+        state.update(part)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | None:
+    """A Hugging Face ``tokenizers.Tokenizer`` equal to ``tok``, its special tokens by role, and whether decoding
+    cleans up spaces; None for a tokenizer without such a form (the word tokenizer)."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from aiayn.tokenize.base import SPECIAL_TOKENS
+
+    builtin = dict(zip(("pad", "bos", "eos", "unk", "mask"), SPECIAL_TOKENS))
+    if tok.kind == "pretrained":
+        return HFTokenizer.from_str(tok.hf.to_str()), tok.special_tokens, bool(tok.to_dict().get("clean_up"))
+    if tok.kind == "bpe":
+        return HFTokenizer.from_str(tok.hf.to_str()), builtin, False
+    if tok.kind == "char":
+        vocab = {tok.id_to_token(i): i for i in range(tok.vocab_size)}
+        hf = HFTokenizer(models.WordLevel(vocab, unk_token=builtin["unk"]))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
+        hf.decoder = decoders.Fuse()
+        return hf, builtin, False
+    return None
+
+
+def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> bool:
+    """Write ``tok`` as a transformers fast tokenizer into ``folder``; False when it has no such form."""
+    converted = hf_tokenizer(tok)
+    if converted is None:
+        return False
+    hf, specials, clean_up = converted
+    hf.save(str(folder / "tokenizer.json"))
+    named = {f"{role}_token": token for role, token in specials.items() if token is not None}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+              "clean_up_tokenization_spaces": clean_up, **named}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                                  encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps(named, indent=2, ensure_ascii=False) + "\n",
+                                                    encoding="utf-8")
+    return True
+
+
+def write_folder(out: str | Path, config: dict[str, Any], state: dict[str, Tensor],
+                 tokenizer: Tokenizer | None = None, max_len: int = 1024) -> tuple[Path, bool]:
+    """Write a transformers model folder: ``config.json``, ``generation_config.json``, ``model.safetensors`` and
+    the tokenizer when given (and convertible).
+
+    Args:
+        out: the folder; an existing one is replaced only when it is a model folder (holds ``config.json``).
+        config: transformers' config entries (``model_type``, ``architectures``, ...).
+        state: transformers' state dict, each tied weight once.
+        tokenizer: written as a fast tokenizer when it has a Hugging Face form.
+        max_len: the tokenizer's ``model_max_length``.
+
+    Returns:
+        The folder, and whether the tokenizer was written.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CONFIG).is_file())):
+        raise AiaynError(f"{out}: exists and is not a model folder; give a new folder (or an old model folder to "
+                         "replace)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in state.items()}
+        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        full = {**config, "torch_dtype": "float32"}
+        (tmp / CONFIG).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id",
+                                             "decoder_start_token_id") if config.get(k) is not None}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+        wrote = tokenizer is not None and write_tokenizer(tmp, tokenizer, max_len)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AiaynError(f"{out}: cannot write the model folder ({e.strerror or e}); check the disk space and "
+                         "permissions") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out, wrote

@@ -1,0 +1,384 @@
+"""Hugging Face interop for the decoder-only families (GPT-2, LLaMA 3, Mistral, Qwen2), held to transformers.
+
+Each family is a tiny random transformers model built from its config class and saved with ``save_pretrained``
+beside a tiny tokenizer (never downloaded). ``from_hf`` converts the folder; the converted checkpoint must give
+transformers' logits at 1e-5 in fp32 (with left padding and an attention mask, and decoding step by step with the
+KV cache), the same 32 greedy tokens as ``generate(do_sample=False)`` through aiayn's generation and through
+``aiayn generate``, and the same logits again after ``to_hf`` and ``from_pretrained``. An aiayn-trained model goes
+out through ``to_hf`` and loads in ``AutoModelForCausalLM``. ``.bin`` and sharded weights convert alike; a refused
+family, a corrupt folder and an unreachable Hub name give one clear error each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from aiayn import ModelConfig, build_model
+from aiayn.errors import AiaynError
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
+from tokenizers import models, pre_tokenizers, trainers  # noqa: E402
+
+from aiayn.cli.main import main  # noqa: E402
+from aiayn.generate.lm import generate  # noqa: E402
+from aiayn.generate.steppers import LMStepper, eval_mode  # noqa: E402
+from aiayn.hf import from_hf, to_hf  # noqa: E402
+from aiayn.pretrained import load_pretrained  # noqa: E402
+from aiayn.tokenize import CharTokenizer  # noqa: E402
+from aiayn.train.checkpoint import save_checkpoint  # noqa: E402
+
+ATOL = 1e-5
+D, H, KV, FF, L, MAX = 32, 4, 2, 48, 2, 64
+NEW = 32  # greedy tokens compared
+TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Two young, white males are outside near many bushes.",
+    "Several men in hard hats are operating a giant pulley system.",
+    "A little girl climbing into a wooden playhouse.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "it's, can't, won't, they're, I'm, we've!",
+] * 3
+PROMPTS = ["The quick brown fox", "A little girl climbing into a wooden"]
+
+
+# ---------------------------------------------------------------------------------------------- tiny folders
+def _merges(tok: HFTokenizer) -> list[tuple[str, str]]:
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]  # type: ignore[misc]
+
+
+def _byte_level(folder: Path, cls: str) -> None:
+    """Byte-level BPE with <|endoftext|> as EOS (and, absent others, BOS and padding), as GPT-2's and Qwen2's."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    getattr(transformers, cls)(vocab=tok.get_vocab(with_added_tokens=False), merges=_merges(tok)).save_pretrained(
+        folder)
+
+
+def _llama_tokenizer(folder: Path) -> None:
+    """SentencePiece-style BPE with byte fallback, <unk>=0 <s>=1 </s>=2, as LLaMA's."""
+    tok = HFTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(
+        vocab_size=380, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False))
+    transformers.LlamaTokenizerFast(vocab=tok.get_vocab(), merges=_merges(tok), add_bos_token=True,
+                                    add_eos_token=False).save_pretrained(folder)
+
+
+def _eager(cfg: Any) -> Any:
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _hf_config(family: str, vocab: int, bos: int, eos: int) -> Any:
+    ids = dict(bos_token_id=bos, eos_token_id=eos)
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=vocab, n_positions=MAX, n_embd=D, n_layer=L, n_head=H, n_inner=FF,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+    llama_like = dict(vocab_size=vocab, hidden_size=D, intermediate_size=FF, num_hidden_layers=L,
+                      num_attention_heads=H, num_key_value_heads=KV, max_position_embeddings=MAX, rms_norm_eps=1e-6,
+                      **ids)
+    if family == "llama":  # LLaMA 3.1's RoPE scaling, untied output layer
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        return transformers.LlamaConfig(**llama_like, rope_parameters=rope, tie_word_embeddings=False)
+    if family == "mistral":  # a sliding window shorter than the sequences
+        return transformers.MistralConfig(**llama_like, sliding_window=6, tie_word_embeddings=False,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return transformers.Qwen2Config(**llama_like, tie_word_embeddings=True,  # biases on q, k, v; tied output
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+              "qwen2": "Qwen2ForCausalLM"}
+FAMILIES = tuple(HF_CLASSES)
+
+
+def _reference(family: str, folder: Path) -> tuple[nn.Module, Any]:
+    """A random transformers model of ``family`` and its tokenizer, saved together into ``folder``."""
+    if family in ("gpt2", "qwen2"):
+        _byte_level(folder, "GPT2TokenizerFast" if family == "gpt2" else "Qwen2TokenizerFast")
+    else:
+        _llama_tokenizer(folder)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    cfg = _eager(_hf_config(family, len(tok), bos, tok.eos_token_id))
+    torch.manual_seed(0)
+    model = getattr(transformers, HF_CLASSES[family])(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+        # EOS scores exactly 0 at every step (its output row is zero), below the best of the other tokens: both
+        # implementations then generate all NEW tokens
+        model.get_output_embeddings().weight[tok.eos_token_id].zero_()
+    model.generation_config.pad_token_id = tok.eos_token_id
+    model.save_pretrained(folder)
+    return model, transformers.AutoTokenizer.from_pretrained(str(folder))  # as transformers reads the model's folder
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[nn.Module, Any, Path, Path]]:
+    """family -> (transformers model, its tokenizer, its folder, the aiayn checkpoint converted from it)."""
+    out = {}
+    for family in FAMILIES:
+        root = tmp_path_factory.mktemp(family)
+        model, tok = _reference(family, root / "hf")
+        out[family] = (model, tok, root / "hf", from_hf(root / "hf", root / "aiayn"))
+    return out
+
+
+def _batch(vocab: int, lengths: tuple[int, ...] = (12, 8, 5)) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded ids (B, T), their attention mask and the position ids that count real tokens only."""
+    t = max(lengths)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (len(lengths), t), generator=gen)
+    mask = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]
+    ids[~mask] = 0
+    return ids, mask, (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def _close(got: Tensor, want: Tensor) -> None:
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- logits
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers_with_left_padding(family: str, converted) -> None:
+    ref, tok, _, ckpt = converted[family]
+    pre = load_pretrained(ckpt, accel="none")
+    assert pre.task == "lm" and pre.tokenizers["text"].eos_id == tok.eos_token_id
+    ids, mask, positions = _batch(len(tok))
+    with torch.no_grad():
+        full = ref(input_ids=ids[:1]).logits
+        _close(pre.model(ids[:1]).logits, full)  # no padding, no mask
+        want = ref(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+        got = pre.model(ids, is_token=mask, positions=positions).logits
+    _close(got[mask], want[mask])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_steps_equal_the_full_pass(family: str, converted) -> None:
+    """The left-padded prompts prefilled, then one token per step through the KV cache (accelerated as loaded)."""
+    ref, tok, _, ckpt = converted[family]
+    model = load_pretrained(ckpt).model
+    ids, mask, positions = _batch(len(tok))
+    prompt = 8  # columns of the prompt (every row has tokens among them); the rest is fed one column per step
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    with eval_mode(model):
+        stepper = LMStepper(model, ids[:, :prompt], mask[:, :prompt], capacity=ids.shape[1])
+        got = [stepper.first()]
+        for col in range(prompt, ids.shape[1]):
+            assert bool(mask[:, col].all())
+            got.append(stepper.step(ids[:, col]))
+    _close(torch.stack(got, 1), want[:, prompt - 1:])
+
+
+# ---------------------------------------------------------------------------------------------- greedy generation
+def _hf_greedy(ref: nn.Module, tok: Any, prompt: str) -> tuple[list[int], list[int]]:
+    ids = tok.encode(prompt, add_special_tokens=False)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW,
+                           pad_token_id=tok.eos_token_id)
+    return ids, out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_equals_transformers(family: str, converted, capsys: pytest.CaptureFixture) -> None:
+    ref, tok, _, ckpt = converted[family]
+    expected = [_hf_greedy(ref, tok, p) for p in PROMPTS]
+    assert all(len(new) == NEW for _, new in expected)
+    pre = load_pretrained(ckpt)
+    ours = pre.tokenizers["text"]
+    assert [ours.encode(p) for p in PROMPTS] == [ids for ids, _ in expected]
+    got = generate(pre.model, [ids for ids, _ in expected], max_new_tokens=NEW, greedy=True,
+                   stop_ids=(ours.eos_id,), pad_id=ours.pad_id)  # one left-padded batch
+    assert got == [new for _, new in expected]
+    # the command line, on the converted checkpoint: both prompts as one batch
+    argv = ["generate", "--checkpoint", str(ckpt), "--greedy", "--max-new-tokens", str(NEW)]
+    assert main([*argv, *(a for p in PROMPTS for a in ("--prompt", p))]) == 0
+    texts = []
+    for prompt, (ids, new) in zip(PROMPTS, expected, strict=True):
+        start = tok.decode(ids, skip_special_tokens=True)
+        texts.append(prompt + tok.decode(ids + new, skip_special_tokens=True)[len(start):])
+    assert capsys.readouterr().out == "\n".join([texts[0], "-" * 40, texts[1]]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_gives_transformers_the_same_model(family: str, converted, tmp_path: Path) -> None:
+    ref, tok, folder, ckpt = converted[family]
+    out = to_hf(ckpt, tmp_path / "back")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [HF_CLASSES[family]] and config["model_type"] == family
+    assert config["torch_dtype"] == "float32"
+    saved = load_file(str(folder / "model.safetensors"))
+    written = load_file(str(out / "model.safetensors"))
+    assert sorted(written) == sorted(saved)  # tied weights stored once, as transformers stores them
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
+    ids, mask, positions = _batch(len(tok))
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+        got = back(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    _close(got[mask], want[mask])
+    back_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    for text in [*TEXT[:6], "Café déjà vu 😀\nline two"]:
+        assert back_tok.encode(text) == tok.encode(text), text
+        ids = tok.encode(text)
+        assert back_tok.decode(ids, skip_special_tokens=True) == tok.decode(ids, skip_special_tokens=True)
+    assert (back_tok.eos_token_id, back.config.eos_token_id) == (tok.eos_token_id, ref.config.eos_token_id)
+
+
+def _aiayn_lm(tmp_path: Path, **model: Any) -> tuple[nn.Module, CharTokenizer, Path]:
+    """A small aiayn language model with a char tokenizer, saved as an lm checkpoint (as training writes it)."""
+    tok = CharTokenizer.train(TEXT)
+    config = ModelConfig(vocab_size=tok.vocab_size, d_model=D, n_heads=H, n_layers=L, d_ff=FF, max_len=MAX,
+                         dropout=0.0, **model)
+    torch.manual_seed(0)
+    lm = build_model(config).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # norms away from 1, biases away from 0
+    meta = {"task": "lm", "model": config.to_dict(), "tokenizers": {"text": "tokenizer.json"}, "block_size": MAX,
+            "newline_symbol": None, "packing": False}
+    ckpt = save_checkpoint(tmp_path / "aiayn", lm, meta, tokenizer_writer=lambda d: tok.save(d / "tokenizer.json"))
+    return lm, tok, ckpt
+
+
+# the shakespeare-char recipe's model (GPT-2's shape with the exact GELU), and the llama preset's
+AIAYN_MODELS = {
+    "gpt2": dict(arch="decoder", activation="gelu", norm="layernorm", norm_position="pre", position="learned",
+                 scale_embeddings=False, tie_embeddings=True, init="gpt2"),
+    "llama": dict(arch="decoder", n_kv_heads=KV, activation="swiglu", norm="rmsnorm", norm_eps=1e-6,
+                  norm_position="pre", position="rope", bias=False, scale_embeddings=False, tie_embeddings=False,
+                  init="gpt2"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(AIAYN_MODELS))
+def test_an_aiayn_trained_model_loads_in_transformers(family: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    lm, tok, ckpt = _aiayn_lm(tmp_path, **AIAYN_MODELS[family])
+    assert main(["convert", "--to-hf", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    assert "wrote the transformers folder" in capsys.readouterr().out
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
+    assert type(ref).__name__ == HF_CLASSES[family]
+    ids, mask, positions = _batch(tok.vocab_size)
+    with torch.no_grad():
+        want = lm(ids, is_token=mask, positions=positions).logits
+        got = ref(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    _close(got[mask], want[mask])
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    for text in TEXT[:6] + ["two\nlines, and an unknown character: \u2603"]:
+        assert hf_tok.encode(text) == tok.encode(text), text
+        assert hf_tok.decode(tok.encode(text), skip_special_tokens=True) == tok.decode(tok.encode(text))
+    assert ref.config.eos_token_id == tok.eos_id and ref.config.pad_token_id == tok.pad_id
+
+
+# ---------------------------------------------------------------------------------------------- weight files
+def _same_checkpoint(a: Path, b: Path) -> None:
+    sa, sb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert sorted(sa) == sorted(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _copy_folder(src: Path, dst: Path, skip: tuple[str, ...] = ("model.safetensors",)) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name not in skip:
+            (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_bin_and_sharded_weights_convert_alike(converted, tmp_path: Path) -> None:
+    ref, _, folder, ckpt = converted["llama"]
+    state = load_file(str(folder / "model.safetensors"))
+    bin_folder = _copy_folder(folder, tmp_path / "bin")
+    torch.save(state, bin_folder / "pytorch_model.bin")
+    _same_checkpoint(from_hf(bin_folder, tmp_path / "from_bin"), ckpt)
+    # sharded .bin, with its index
+    shards = _copy_folder(folder, tmp_path / "bin_shards")
+    keys = sorted(state)
+    weight_map = {}
+    for n, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+        name = f"pytorch_model-0000{n + 1}-of-00002.bin"
+        torch.save({k: state[k] for k in part}, shards / name)
+        weight_map.update(dict.fromkeys(part, name))
+    (shards / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _same_checkpoint(from_hf(shards, tmp_path / "from_bin_shards"), ckpt)
+    # sharded safetensors, as save_pretrained writes them
+    sharded = tmp_path / "st_shards"
+    ref.save_pretrained(sharded, max_shard_size="40KB")
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    for f in folder.glob("tokenizer*"):
+        (sharded / f.name).write_bytes(f.read_bytes())
+    _same_checkpoint(from_hf(sharded, tmp_path / "from_st_shards"), ckpt)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_an_unsupported_model_type_is_one_error_naming_it(converted, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    folder = _copy_folder(converted["gpt2"][2], tmp_path / "mamba", skip=())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    assert main(["convert", "--from-hf", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and "'mamba' is not supported" in err
+    assert all(t in err for t in ("gpt2", "llama", "mistral", "qwen2"))
+    assert not (tmp_path / "out").exists()
+    # a setting aiayn cannot represent is named
+    (folder / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_fast"}))
+    with pytest.raises(AiaynError, match="activation_function='gelu_fast'"):
+        from_hf(folder, tmp_path / "out")
+
+
+def test_a_corrupt_or_incomplete_folder_is_one_error_naming_the_file(converted, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    folder = _copy_folder(converted["gpt2"][2], tmp_path / "hf", skip=())
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(["convert", "--from-hf", str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(weights) in err and "corrupt" in err
+    (folder / "model.safetensors").write_bytes((converted["gpt2"][2] / "model.safetensors").read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_inner": FF + 8}))
+    with pytest.raises(AiaynError, match=r"model\.safetensors: the weights do not fit config\.json .*ffn\.w_in"):
+        from_hf(folder, tmp_path / "out")
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": L + 1}))
+    with pytest.raises(AiaynError, match=f"the weights lack 'h.{L}.ln_1.weight'"):
+        from_hf(folder, tmp_path / "out")
+    weights.unlink()
+    with pytest.raises(AiaynError, match="no weights"):
+        from_hf(folder, tmp_path / "out")
+    (folder / "config.json").write_text("{ not json")
+    with pytest.raises(AiaynError, match=r"config\.json:1: not valid JSON"):
+        from_hf(folder, tmp_path / "out")
+    with pytest.raises(AiaynError, match="no such folder"):
+        from_hf(tmp_path / "absent", tmp_path / "out")
+
+
+def test_a_hub_name_offline_says_so_and_how_to_fix_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    with pytest.raises(AiaynError) as e:
+        from_hf("no-such-owner/no-such-model", tmp_path / "out")
+    message = str(e.value)
+    assert "not found in the local Hugging Face cache" in message and "could not be reached" in message
+    assert "pass the folder's path" in message
