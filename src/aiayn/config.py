@@ -18,6 +18,7 @@ from aiayn.errors import AiaynError
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
+FFNS = ("dense", "moe")
 GELU_APPROXIMATIONS = ("none", "tanh")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("post", "pre")
@@ -107,6 +108,17 @@ class ModelConfig:
         tied_output_scale: multiply the hidden state by d_model^-0.5 before the tied output layer (T5 v1.0).
         output_bias: a bias on the output layer (BART/Marian ``final_logits_bias``); an encoder's masked-LM head
             always has one (BERT's decoder bias).
+
+    Mixture of experts (``ffn="moe"``; the other fields are read only then):
+        ffn: "dense" (one feed-forward network per layer) or "moe" (``n_experts`` of them and a router).
+        n_experts: experts per layer, each a feed-forward network of width ``d_ff`` and the model's activation.
+        moe_top_k: experts per token: 1 is Switch (output weighted by the router probability), 2 is Mixtral (the
+            top-k probabilities renormalised to sum to 1).
+        moe_capacity_factor: null is dropless; a number caps each expert in training at ceil(factor * top_k *
+            tokens / n_experts) tokens per forward pass, and a token beyond it gets no output from that expert
+            (Switch). Inference is always dropless.
+        moe_aux_loss_weight, moe_z_loss_weight: the weights of the load-balancing loss (Switch) and the router
+            z-loss (ST-MoE) that training adds to the task's loss.
     """
 
     arch: str = "encoder-decoder"
@@ -123,6 +135,12 @@ class ModelConfig:
     attn_dropout: float = 0.0
     ffn_dropout: float = 0.0
     activation: str = "relu"
+    ffn: str = "dense"
+    n_experts: int = 8
+    moe_top_k: int = 2
+    moe_capacity_factor: float | None = None
+    moe_aux_loss_weight: float = 0.01
+    moe_z_loss_weight: float = 0.001
     gelu_approximate: str = "none"
     norm: str = "layernorm"
     norm_eps: float = 1e-5
@@ -203,6 +221,7 @@ class ModelConfig:
 
         choice("arch", ARCHS)
         choice("activation", ACTIVATIONS)
+        choice("ffn", FFNS)
         choice("gelu_approximate", GELU_APPROXIMATIONS)
         choice("norm", NORMS)
         choice("norm_position", NORM_POSITIONS)
@@ -233,6 +252,16 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout", "ffn_dropout"):
             if ok(name) and not 0.0 <= getattr(self, name) < 1.0:
                 p.append(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if ok("n_experts") and self.n_experts < 1:
+            p.append(f"n_experts={self.n_experts}: must be a whole number >= 1, e.g. 8")
+        if ok("moe_top_k", "n_experts") and not 1 <= self.moe_top_k <= max(self.n_experts, 1):
+            p.append(f"moe_top_k={self.moe_top_k}: must be between 1 and n_experts={self.n_experts} (1: Switch, "
+                     "2: Mixtral)")
+        if ok("moe_capacity_factor") and self.moe_capacity_factor is not None and self.moe_capacity_factor <= 0:
+            p.append(f"moe_capacity_factor={self.moe_capacity_factor}: must be > 0 (e.g. 1.25), or null (dropless)")
+        for name in ("moe_aux_loss_weight", "moe_z_loss_weight"):
+            if ok(name) and getattr(self, name) < 0:
+                p.append(f"{name}={getattr(self, name)}: must be >= 0 (0 turns the loss off)")
         if ok("norm_eps") and self.norm_eps <= 0:
             p.append(f"norm_eps={self.norm_eps}: must be > 0, e.g. 1e-5")
         if ok("rope_theta") and self.rope_theta <= 0:

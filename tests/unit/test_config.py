@@ -102,6 +102,45 @@ def test_family_options_round_trip_through_json(tmp_path: Path) -> None:
     assert ModelConfig.from_json(c.replace(activation="silu").to_json()).activation == "silu"
 
 
+def test_the_mixture_of_experts_fields_report_every_problem_at_once() -> None:
+    with pytest.raises(AiaynError) as exc:
+        ModelConfig(ffn="sparse", n_experts=0, moe_top_k=3, moe_capacity_factor=0.0, moe_aux_loss_weight=-0.1,
+                    moe_z_loss_weight=-1.0)
+    msg = str(exc.value)
+    for fragment in ("ffn='sparse': unknown; choose one of dense, moe", "n_experts=0: must be a whole number >= 1",
+                     "moe_top_k=3: must be between 1 and n_experts=0", "moe_capacity_factor=0.0: must be > 0",
+                     "moe_aux_loss_weight=-0.1: must be >= 0", "moe_z_loss_weight=-1.0: must be >= 0"):
+        assert fragment in msg
+    assert msg.count("\n  - ") == 6
+    with pytest.raises(AiaynError, match="moe_top_k=5: must be between 1 and n_experts=4"):
+        ModelConfig(ffn="moe", n_experts=4, moe_top_k=5)
+    with pytest.raises(AiaynError, match="moe_capacity_factor='1.25': must be a number"):
+        ModelConfig(ffn="moe", moe_capacity_factor="1.25")  # type: ignore[arg-type]
+
+
+def test_the_mixture_of_experts_fields_round_trip_and_default_to_a_dense_model(tmp_path: Path) -> None:
+    c = ModelConfig()
+    assert (c.ffn, c.moe_capacity_factor) == ("dense", None)
+    assert (c.n_experts, c.moe_top_k, c.moe_aux_loss_weight, c.moe_z_loss_weight) == (8, 2, 0.01, 0.001)
+    moe = ModelConfig.preset("llama", ffn="moe", n_experts=4, moe_top_k=1, moe_capacity_factor=1.25,
+                             moe_aux_loss_weight=0.02, moe_z_loss_weight=0.0)
+    data = json.loads(moe.to_json())
+    assert (data["ffn"], data["n_experts"], data["moe_top_k"], data["moe_capacity_factor"]) == ("moe", 4, 1, 1.25)
+    assert ModelConfig.from_json(moe.to_json(tmp_path / "config.json")) == moe
+    assert ModelConfig.from_json(tmp_path / "config.json") != moe.replace(moe_capacity_factor=None)
+    # a saved config without the fields loads as the dense model it was
+    saved = {k: v for k, v in ModelConfig.preset("tiny").to_dict().items() if k != "ffn" and "expert" not in k
+             and not k.startswith("moe_")}
+    assert ModelConfig.from_dict(saved) == ModelConfig.preset("tiny")
+    # the expert fields change nothing while ffn is dense: the same modules, the same parameters
+    torch.manual_seed(0)
+    dense = build_model(ModelConfig.preset("tiny"))
+    torch.manual_seed(0)
+    also_dense = build_model(ModelConfig.preset("tiny", n_experts=3, moe_top_k=1, moe_capacity_factor=2.0))
+    assert dense.state_dict().keys() == also_dense.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(dense.state_dict().values(), also_dense.state_dict().values()))
+
+
 def test_the_family_presets() -> None:
     gpt2, bert, t5 = (ModelConfig.preset(n) for n in ("gpt2-small", "bert-base", "t5-small"))
     assert (gpt2.activation, gpt2.gelu_approximate, gpt2.position, gpt2.norm_position) == ("gelu", "tanh", "learned",

@@ -26,6 +26,8 @@ def _layer_matmul_params(c: ModelConfig, cross: bool) -> int:
     d, dh = c.d_model, c.head_dim
     attn = d * (c.n_heads * dh) * 2 + d * (c.kv_heads * dh) * 2  # q, out, k, v
     ffn = d * c.d_ff * (3 if c.activation in ("swiglu", "geglu") else 2)
+    if c.ffn == "moe":  # the router, and the top k experts each token runs through
+        ffn = d * c.n_experts + c.moe_top_k * ffn
     return attn * (2 if cross else 1) + ffn
 
 

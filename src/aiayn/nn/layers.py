@@ -14,6 +14,7 @@ from aiayn.config import ModelConfig
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.feedforward import FeedForward
+from aiayn.nn.moe import MoEFeedForward
 from aiayn.nn.norms import build_norm
 
 
@@ -44,7 +45,8 @@ class Residual(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, optional cross-attention, and a feed-forward network, each in a :class:`Residual`.
+    """Self-attention, optional cross-attention, and a feed-forward network (or a mixture of experts,
+    ``ffn="moe"``), each in a :class:`Residual`.
 
     Args:
         config: the model config.
@@ -63,7 +65,11 @@ class TransformerLayer(nn.Module):
                                               qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, scale=scale)
                            if cross else None)
         self.cross_res = Residual(c, alpha) if cross else None
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_dropout, c.bias, c.gelu_approximate)
+        if c.ffn == "moe":
+            self.ffn = MoEFeedForward(c.d_model, c.d_ff, c.n_experts, c.moe_top_k, c.moe_capacity_factor,
+                                      c.activation, c.ffn_dropout, c.bias, c.gelu_approximate)
+        else:
+            self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.ffn_dropout, c.bias, c.gelu_approximate)
         self.ffn_res = Residual(c, alpha)
 
     def forward(

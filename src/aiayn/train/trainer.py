@@ -6,6 +6,8 @@ the trainer does everything else the same way for all of them:
     for each optimizer step:
         draw `accum` micro-batches (the data position is recorded after each)
         loss = sum over micro-batches of loss_sum / (target tokens in ALL micro-batches)
+               (a mixture-of-experts model adds its weighted router losses, a mean over each micro-batch's
+               tokens, times the micro-batch's target count, to its loss_sum)
         backward, clip, optimizer step, schedule step (float16: with dynamic loss scaling)
         log; every `eval_every` steps evaluate, keep best and last checkpoints
 
@@ -33,6 +35,7 @@ from tqdm import tqdm
 
 from aiayn import accel
 from aiayn.errors import AiaynError
+from aiayn.nn.moe import moe_load_stats, moe_loss
 from aiayn.threads import ThreadGovernor, threads_option
 from aiayn.train.checkpoint import (
     STATE_FILE,
@@ -241,7 +244,8 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     t0 = time.time()
     stream = task.batches(position)
     bar = TrainingProgress(cfg.max_steps, cfg.max_minutes, step, elapsed_before, cfg.progress and ranks.main)
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time()}
+    window = {"loss": 0.0, "nll": 0.0, "moe": 0.0, "tokens": 0, "time": time.time()}
+    moe_weights = _moe_weights(model)  # (load-balancing, z-loss) weights of a mixture-of-experts model, else None
     model.train()
     # threads from the cores other processes leave free and the step's size, re-checked (aiayn.threads)
     governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
@@ -254,21 +258,30 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                 batch, position = _next_batch(stream, out, resume)
                 micro.append(batch)
             optimizer.zero_grad(set_to_none=True)
-            loss_total, nll_total = 0.0, 0.0
+            loss_total, nll_total, moe_total = 0.0, 0.0, 0.0
             total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
             for batch in micro[ranks.rank::ranks.world]:
                 with _autocast(cfg.dtype, model):
-                    loss_sum, _, extra = task.loss(batch, cfg.label_smoothing)
-                scaler.scale(loss_sum / max(total_targets, 1)).backward()
+                    loss_sum, n_targets, extra = task.loss(batch, cfg.label_smoothing)
+                    router = moe_loss(model, *moe_weights) if moe_weights is not None else None
+                if router is not None:  # a mean over the micro-batch's tokens, weighted as its targets are
+                    router_sum = router.float() * n_targets
+                    moe_total += float(router_sum.detach())
+                    scaler.scale((loss_sum + router_sum) / max(total_targets, 1)).backward()
+                else:
+                    scaler.scale(loss_sum / max(total_targets, 1)).backward()
                 value = float(loss_sum.detach())
                 loss_total += value
                 nll_total += extra.get("nll", value)
             stop = out_of_time()
             if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
-                loss_total, nll_total, late = sum_gradients(model.parameters(), [loss_total, nll_total, float(stop)])
+                loss_total, nll_total, moe_total, late = sum_gradients(
+                    model.parameters(), [loss_total, nll_total, moe_total, float(stop)])
                 stop = late > 0
             grad_norm = None
             problem = None if math.isfinite(loss_total) else f"non-finite loss ({loss_total})"
+            if problem is None and not math.isfinite(moe_total):
+                problem = f"non-finite router loss ({moe_total})"
             if problem is None:
                 scaler.unscale_(optimizer)  # a no-op unless float16 loss scaling is on
                 grad_norm = _grad_norm(model, cfg.clip_norm)
@@ -294,6 +307,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             governor.after_step(total_targets)
             window["loss"] += loss_total
             window["nll"] += nll_total
+            window["moe"] += moe_total
             window["tokens"] += total_targets
             bar.update(step)
             if ranks.main and (step % cfg.log_every == 0 or step == cfg.max_steps):
@@ -303,6 +317,9 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                        "lr": optimizer.param_groups[0]["lr"],
                        "tokens_per_s": window["tokens"] / (now - window["time"]),
                        "grad_norm": grad_norm, "elapsed_s": elapsed_before + now - t0}
+                if moe_weights is not None:  # the weighted router losses per target, the last forward pass's loads
+                    rec["moe_loss"] = window["moe"] / max(window["tokens"], 1)
+                    rec.update(moe_load_stats(model))
                 if scaler.is_enabled():
                     rec["loss_scale"] = scaler.get_scale()
                 if skipped:
@@ -310,7 +327,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                 log.log(rec)
                 bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{rec['lr']:.2e}",
                                 tok_s=f"{rec['tokens_per_s']:.0f}")
-                window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": now}
+                window = {"loss": 0.0, "nll": 0.0, "moe": 0.0, "tokens": 0, "time": now}
             evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
             periodic = bool(cfg.save_every) and step % cfg.save_every == 0
             if evaluate or periodic:
@@ -398,6 +415,14 @@ def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_
     return (f"training diverged: {count} steps in a row up to step {step} had a non-finite loss or gradient norm "
             f"(train.max_nonfinite_steps={cfg.max_nonfinite_steps}); {where}. Lower train.lr (now {cfg.lr:g}), "
             "raise train.warmup or set train.clip_norm, then continue with --resume or start again")
+
+
+def _moe_weights(model: nn.Module) -> tuple[float, float] | None:
+    """The (load-balancing, z-loss) weights of a mixture-of-experts model (``ffn="moe"``), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "ffn", "dense") != "moe":
+        return None
+    return config.moe_aux_loss_weight, config.moe_z_loss_weight
 
 
 def _report_average(task: Task, dirs: list[Path], metrics: dict[str, float], best: dict | None) -> None:

@@ -22,6 +22,7 @@ from aiayn.nn.norms import RMSNorm
 SUPPORTED: dict[str, tuple] = {
     "arch": ("encoder", "decoder", "encoder-decoder"),
     "activation": ("relu", "gelu", "silu", "swiglu", "geglu"),
+    "ffn": ("dense",),  # a mixture of experts runs the reference modules
     "gelu_approximate": ("none", "tanh"),
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("post", "pre"),
@@ -47,6 +48,8 @@ NEUTRAL = frozenset({
     "max_len", "dropout", "attn_dropout", "ffn_dropout", "norm_eps", "rope_theta", "rope_scaling_factor",
     "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor", "t5_num_buckets", "t5_max_distance",
     "sliding_window", "pad_id", "n_classes", "n_token_labels", "n_token_types", "position_offset", "name",
+    # read only when ffn="moe", which is declined
+    "n_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_weight", "moe_z_loss_weight",
 })
 
 #: the module types a fast decoding step replaces, exactly (a subclass may change what the step would skip)
