@@ -59,7 +59,7 @@ def type_problems(config: Any) -> list[str]:
     """``key=value: must be ...`` for every field of a dataclass instance whose value has the wrong type."""
     out = []
     for f in fields(config):
-        value = getattr(config, f.name)
+        value = vars(config)[f.name]  # the stored value (a derived property may share the field's name)
         problem = type_problem(value, str(f.type))
         if problem is not None:
             example = "" if f.default in (dataclasses.MISSING, None) else f", e.g. {f.name} = {json.dumps(f.default)}"
@@ -82,6 +82,9 @@ class ModelConfig:
         arch: "encoder" (BERT-like), "decoder" (GPT-like) or "encoder-decoder" (the paper's).
         vocab_size: source vocabulary (and target, unless ``tgt_vocab_size`` is set).
         d_model, n_heads, d_ff: widths. ``n_kv_heads`` < ``n_heads`` gives GQA (1 gives MQA).
+        head_dim: width of one attention head; null is d_model / n_heads. Another width makes the query, key and
+            value projections D -> H * head_dim and the output projection H * head_dim -> D (T5 v1.1's ``d_kv``,
+            Gemma, Qwen3).
         n_layers: layers of the decoder (or of the only stack); ``n_encoder_layers`` defaults to it.
         dropout: residual and embedding dropout (the paper's P_drop); ``attn_dropout`` on attention
             weights, ``ffn_dropout`` on the FFN hidden activation.
@@ -127,6 +130,7 @@ class ModelConfig:
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None
+    head_dim: int | None = None
     n_layers: int = 6
     n_encoder_layers: int | None = None
     d_ff: int = 2048
@@ -181,11 +185,6 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ derived values
     @property
-    def head_dim(self) -> int:
-        """Width of one attention head, ``d_model // n_heads``."""
-        return self.d_model // self.n_heads
-
-    @property
     def kv_heads(self) -> int:
         """Number of key/value heads (``n_heads`` for MHA, fewer for GQA, 1 for MQA)."""
         return self.n_kv_heads or self.n_heads
@@ -239,13 +238,17 @@ class ModelConfig:
             v = getattr(self, name)
             if ok(name) and v is not None and v < 1:
                 p.append(f"{name}={v!r}: must be a whole number >= 1, or null (left out)")
-        if ok("d_model", "n_heads", "n_kv_heads") and self.d_model >= 1 and self.n_heads >= 1:
-            if self.d_model % self.n_heads:
+        explicit_head_dim = vars(self)["head_dim"]
+        if ok("head_dim") and explicit_head_dim is not None and explicit_head_dim < 1:
+            p.append(f"head_dim={explicit_head_dim!r}: must be a whole number >= 1, or null (d_model / n_heads)")
+        if ok("d_model", "n_heads", "n_kv_heads", "head_dim") and self.d_model >= 1 and self.n_heads >= 1:
+            if explicit_head_dim is None and self.d_model % self.n_heads:
                 p.append(f"d_model={self.d_model}: not divisible by n_heads={self.n_heads}; pick n_heads that "
                          "divides d_model")
-            elif self.position == "rope" and self.head_dim % 2:
-                p.append(f"position='rope': needs an even head width, got d_model/n_heads={self.head_dim}; "
-                         "change d_model or n_heads")
+            elif self.position == "rope" and self.head_dim >= 1 and self.head_dim % 2:
+                got = "d_model/n_heads" if explicit_head_dim is None else "head_dim"
+                p.append(f"position='rope': needs an even head width, got {got}={self.head_dim}; "
+                         "change d_model or n_heads, or set an even head_dim")
             if self.n_kv_heads and self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads:
                 p.append(f"n_kv_heads={self.n_kv_heads}: n_heads={self.n_heads} is not divisible by it; pick a "
                          "divisor of n_heads")
@@ -317,8 +320,8 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict."""
-        return asdict(self)
+        """All fields as a plain dict (``head_dim`` as stored: null when it is d_model / n_heads)."""
+        return {**asdict(self), "head_dim": vars(self)["head_dim"]}
 
     def to_json(self, path: str | Path | None = None) -> str:
         """Serialize to JSON text; also write it to ``path`` when given."""
@@ -362,7 +365,7 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{"head_dim": vars(self)["head_dim"], **changes})
 
     @classmethod
     def preset(cls, preset: str, /, **overrides: Any) -> ModelConfig:
@@ -372,6 +375,19 @@ class ModelConfig:
         data = {**PRESETS[preset], "name": preset, **overrides}
         return cls.from_dict(data, f"preset {preset!r}")
 
+
+def _head_dim(self: ModelConfig) -> int:
+    """Width of one attention head: the ``head_dim`` field, or ``d_model // n_heads`` when it is null."""
+    explicit = vars(self)["head_dim"]
+    return self.d_model // self.n_heads if explicit is None else explicit
+
+
+def _set_head_dim(self: ModelConfig, value: int | None) -> None:
+    vars(self)["head_dim"] = value
+
+
+# the field holds what was given (null by default); reading ``config.head_dim`` gives the width in use
+ModelConfig.head_dim = property(_head_dim, _set_head_dim, doc=_head_dim.__doc__)  # type: ignore[assignment]
 
 # Table 3 of the paper: base = N 6, d_model 512, d_ff 2048, h 8, P_drop 0.1; big = 1024/4096/16, P_drop 0.3.
 _PAPER = dict(arch="encoder-decoder", vocab_size=37000, n_layers=6, norm_position="post", norm="layernorm",

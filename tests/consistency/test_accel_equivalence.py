@@ -6,7 +6,8 @@ offset, output bias, tied-output rescale): a new value added to a choice list in
 itself, and the
 accelerator must either compute it exactly as the reference does or decline it (``aiayn.accel.cpu.support``).
 Each case compares a training step's loss and gradients, inference logits of a padded batch, cached decoding steps
-with beams reordered, and the greedy choice, with and without the native kernels (``aiayn.check``).
+with beams reordered, and the greedy choice, with and without the native kernels (``aiayn.check``). Heads of another
+width than d_model / n_heads (``head_dim``) are declined, and such models are held to the reference the same way.
 """
 
 from __future__ import annotations
@@ -131,6 +132,32 @@ def test_an_unsupported_choice_falls_back_to_the_reference(monkeypatch: pytest.M
     torch.manual_seed(0)
     rows = check_accelerated(build_model(config))
     assert all(r.passed for r in rows) and not calls
+
+
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("arch", C.ARCHS)
+def test_heads_of_another_width_are_declined_and_equal_the_reference(arch: str, native_kernels: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose heads are not d_model / n_heads wide (4 heads of 12 in 32) runs no fast decoding step and no
+    native encoder pass, and every accelerated path still equals the reference."""
+    from aiayn.accel.cpu import fast_step
+
+    if native_kernels and native.library() is None:
+        pytest.skip(f"the native kernels are not built here: {native.build_error}")
+    config = _config(CASES[0] | {"arch": arch}).replace(head_dim=12)
+    assert unsupported(config) == ["head_dim=12"]
+    assert not unsupported(config.replace(head_dim=None))
+    calls = []
+    monkeypatch.setattr(fast_step.FastDecoderStep, "__call__", lambda *a, **k: calls.append("step"))
+    monkeypatch.setattr(fast_step.FastEncoder, "__call__", lambda *a, **k: calls.append("encoder"))
+    torch.manual_seed(0)
+    model = build_model(config)
+    stack = model.encoder if arch == "encoder" else model.decoder
+    assert stack.layers[0].self_attn.out_proj.weight.shape == (32, 4 * 12)  # (D, H * Dh)
+    failed = [f"{r.compared}: {r.max_diff:.2e} > {r.tolerance:.0e}"
+              for r in check_accelerated(model, native=native_kernels) if not r.passed]
+    assert not failed, "\n".join(failed)
+    assert not calls
 
 
 def test_a_field_the_accelerator_does_not_list_is_declined_away_from_its_default(

@@ -166,14 +166,15 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
     an ensemble), lower-cased if the models were trained so, with ``--beam``/``--alpha``/``--batch-size`` or the
     checkpoint's [decode] defaults.
 
-    A blank line becomes an empty string without a model call. Lines longer than the model's ``max_len`` follow
+    A blank line becomes an empty string without a model call. Lines longer than the model's ``max_len`` (counting
+    a pretrained vocabulary's framing tokens, :func:`~aiayn.tasks.translation.source_ids`) follow
     ``--on-long`` (warnings and errors name ``source:line``), and lines more than 10% of whose tokens are unknown to
     the tokenizer are warned about.
     """
     from aiayn.errors import where
     from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
     from aiayn.generate.translate import max_output_length, source_limit
-    from aiayn.tasks.translation import translate_texts
+    from aiayn.tasks.translation import source_ids, translate_texts
 
     pre = loaded[0]
     if pre.meta.get("lowercase"):
@@ -189,17 +190,30 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
     limit = source_limit(models)
     cap = max_output_length(models, limit, a, b)
     _warn(command_name, check_lengths(
-        [len(ids[i]) for i in keep], limit, getattr(args, "on_long", "warn"), names, fix="split the line",
+        [len(source_ids(src_tok, lines[i])) for i in keep], limit, getattr(args, "on_long", "warn"), names,
+        fix="split the line",
         effect=f"only its first {limit} tokens are translated, and the translation has at most {cap} tokens"))
     _warn(command_name, check_unknown([ids[i] for i in keep], src_tok.unk_id, names))
     outs = translate_texts(models, src_tok, pre.tokenizers["tgt"], [lines[i] for i in keep],
                            beam=args.beam or dec.get("beam", 4),
                            alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
-                           max_len_a=a, max_len_b=b, batch_size=args.batch_size, n_best=n_best)
+                           max_len_a=a, max_len_b=b, batch_size=args.batch_size, n_best=n_best,
+                           forced_bos_id=_forced_bos_id(dec, pre.tokenizers["tgt"].vocab_size,
+                                                        (getattr(args, "checkpoint", None) or ["checkpoint"])[0]))
     result: list = [""] * len(lines)
     for i, out in zip(keep, outs):
         result[i] = out
     return result
+
+
+def _forced_bos_id(dec: dict, size: int, checkpoint: str) -> int | None:
+    """The checkpoint's ``decode.forced_bos_id`` (a token every translation begins with), checked against the
+    target vocabulary's ``size``."""
+    forced = dec.get("forced_bos_id")
+    if forced is not None and (not isinstance(forced, int) or isinstance(forced, bool) or not 0 <= forced < size):
+        raise AiaynError(f"{Path(checkpoint) / 'config.json'}: decode.forced_bos_id = {forced!r} is not a token id "
+                         f"of the target vocabulary (0 to {size - 1}); correct it or remove the key")
+    return forced
 
 
 def _write_output(path: str | None, lines: list[str]) -> None:

@@ -40,22 +40,69 @@ def seq2seq_models(model: object) -> list[EncoderDecoderModel]:
     return models
 
 
-def banned_output_ids(pad_id: int, bos_id: int | None, eos_id: int) -> list[int]:
+def banned_output_ids(pad_id: int, bos_id: int | None, eos_id: int, vocab_size: int | None = None,
+                      output_size: int | None = None) -> list[int]:
     """The ids a translation never outputs: pad and BOS (when the vocabulary has one), never EOS (a vocabulary
-    may pad with EOS, or start its decoder from EOS)."""
-    return sorted({pad_id, bos_id} - {eos_id, None})  # type: ignore[operator]  # None removed
+    may pad with EOS, or start its decoder from EOS); and, when the model's output layer has more rows
+    (``output_size``) than the tokenizer has tokens (``vocab_size``; T5: 32128 rows for 32100 tokens), the ids
+    from ``vocab_size`` on, which no token has."""
+    special = sorted({pad_id, bos_id} - {eos_id, None})  # type: ignore[operator]  # None removed
+    if vocab_size is None or output_size is None or output_size <= vocab_size:
+        return special
+    return [*(i for i in special if i < vocab_size), *range(vocab_size, output_size)]
+
+
+class _ForcedFirst:
+    """A stepper whose decoder input starts with ``start_id`` and then ``token_id`` (BART models trained to begin
+    every output with BOS: transformers' ``forced_bos_token_id``): ``first()`` feeds both and returns the logits
+    after the second. The forced token is a prefix of the decoder's input, not part of the output: it is outside
+    the output budget and adds nothing to the log-probability (transformers scores it 0)."""
+
+    def __init__(self, stepper: Stepper, token_id: int) -> None:
+        self.inner, self.token_id = stepper, token_id
+        self.head = getattr(stepper, "head", None)
+
+    def first(self) -> Tensor:
+        logits = self.inner.first()  # (B, V)
+        return self.inner.step(torch.full((logits.shape[0],), self.token_id, dtype=torch.long, device=logits.device))
+
+    def step(self, tokens: Tensor) -> Tensor:
+        return self.inner.step(tokens)
+
+    def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
+        self.inner.reorder(index, same_sources, group)
 
 
 @contextmanager
 def _decoding(models: list[EncoderDecoderModel], src: Tensor, budget: Tensor, start_id: int,
-              pad_id: int) -> Iterator[Stepper]:
-    """Every model in eval mode under inference mode, and one stepper over all of them (B, S) -> (B, V)."""
+              pad_id: int, forced_first_id: int | None = None) -> Iterator[Stepper]:
+    """Every model in eval mode under inference mode, and one stepper over all of them (B, S) -> (B, V), whose
+    decoder input begins with ``forced_first_id`` after the start token when one is given."""
     with ExitStack() as stack:
         for m in models:
             stack.enter_context(eval_mode(m))
-        steppers = [Seq2SeqStepper(m, src, capacity=int(budget.max()) + 1, bos_id=start_id,
-                                   src_is_token=src != pad_id) for m in models]
-        yield steppers[0] if len(steppers) == 1 else EnsembleStepper(steppers)
+        capacity = int(budget.max()) + 1 + (forced_first_id is not None)
+        steppers = [Seq2SeqStepper(m, src, capacity=capacity, bos_id=start_id, src_is_token=src != pad_id)
+                    for m in models]
+        stepper: Stepper = steppers[0] if len(steppers) == 1 else EnsembleStepper(steppers)
+        yield stepper if forced_first_id is None else _ForcedFirst(stepper, forced_first_id)
+
+
+def _budget(models: list[EncoderDecoderModel], src: Tensor, max_len_a: float, max_len_b: int, pad_id: int,
+            forced_first_id: int | None) -> Tensor:
+    """:func:`max_output_lengths`, one token fewer for models with absolute positions when a forced first token
+    takes one of their ``max_len`` decoder positions."""
+    budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
+    if forced_first_id is not None:
+        for m in models:
+            if m.config.position in ("sinusoidal", "learned"):
+                budget = budget.clamp(max=max(m.config.max_len - 2, 0))
+    return budget
+
+
+def _banned(models: list[EncoderDecoderModel], pad_id: int, bos_id: int | None, eos_id: int,
+            vocab_size: int | None) -> list[int]:
+    return banned_output_ids(pad_id, bos_id, eos_id, vocab_size, models[0].config.target_vocab_size)
 
 
 def max_output_lengths(model: Models, src: Tensor, max_len_a: float, max_len_b: int,
@@ -112,6 +159,8 @@ def translate(
     eos_id: int = 2,
     pad_id: int = 0,
     start_id: int | None = None,
+    vocab_size: int | None = None,
+    forced_first_id: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam-search translation of a batch of source sentences (all sentences x beams as one batch).
 
@@ -128,6 +177,11 @@ def translate(
             never produced (``bos_id=None``: the vocabulary has no BOS).
         start_id: the decoder's first input token (``tokenizer.decoder_start_id``: T5 and Marian start from pad,
             BART from EOS); None: ``bos_id``.
+        vocab_size: the target tokenizer's vocabulary size (``tokenizer.vocab_size``): ids from it on, which a
+            model's output layer padded past the vocabulary has (T5: 32128 rows for 32100 tokens), are never
+            produced; None: every id of the output layer may be.
+        forced_first_id: a token the decoder's input carries after ``start_id`` before any output (BART models with
+            ``forced_bos_token_id``: BOS); it is not part of the hypotheses, their budget or their scores.
     Returns:
         For each sentence, a list of up to ``n_best`` :class:`Hypothesis`, best first.
     """
@@ -138,10 +192,10 @@ def translate(
         raise AiaynError(f"n_best={n_best} must be between 1 and beam_size={beam_size}; raise beam_size")
     if src.shape[0] == 0:
         return []
-    budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
-    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id) as stepper:
+    budget = _budget(models, src, max_len_a, max_len_b, pad_id, forced_first_id)
+    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id, forced_first_id) as stepper:
         return beam_search(stepper, budget, beam_size=beam_size, alpha=alpha, n_best=n_best, eos_id=eos_id,
-                           banned_ids=banned_output_ids(pad_id, bos_id, eos_id))
+                           banned_ids=_banned(models, pad_id, bos_id, eos_id, vocab_size))
 
 
 def greedy_translate(
@@ -155,6 +209,8 @@ def greedy_translate(
     eos_id: int = 2,
     pad_id: int = 0,
     start_id: int | None = None,
+    vocab_size: int | None = None,
+    forced_first_id: int | None = None,
 ) -> list[Hypothesis]:
     """Greedy translation: the most likely token at every step, until EOS or the length limit.
 
@@ -163,18 +219,18 @@ def greedy_translate(
         src: (B, S) long source ids, right-padded with ``pad_id``.
         alpha: only for the reported score (``logprob / lp``), so it compares with beam search's.
         max_len_a, max_len_b: at most ``a * src_len + b`` output tokens per sentence (then EOS is forced).
-        bos_id, eos_id, pad_id, start_id: as in :func:`translate`.
+        bos_id, eos_id, pad_id, start_id, vocab_size, forced_first_id: as in :func:`translate`.
     Returns:
         One :class:`Hypothesis` per sentence.
     """
     models = seq2seq_models(model)
     if src.shape[0] == 0:
         return []
-    budget = max_output_lengths(models, src, max_len_a, max_len_b, pad_id)
-    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id) as stepper:
+    budget = _budget(models, src, max_len_a, max_len_b, pad_id, forced_first_id)
+    with _decoding(models, src, budget, _start(start_id, bos_id), pad_id, forced_first_id) as stepper:
         tokens, lengths, logprob = decode_loop(stepper, greedy_choice, budget, stop_ids=(eos_id,),
                                                force_stop_id=eos_id,
-                                               banned_ids=banned_output_ids(pad_id, bos_id, eos_id),
+                                               banned_ids=_banned(models, pad_id, bos_id, eos_id, vocab_size),
                                                pad_id=pad_id)
     out = []
     for row, n, lp in zip(tokens.tolist(), lengths.tolist(), logprob.tolist()):

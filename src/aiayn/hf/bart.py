@@ -32,9 +32,13 @@ DECODE = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 
 def translation_meta(hf: dict[str, Any]) -> dict[str, Any]:
     """The translation task's checkpoint entries for a converted seq2seq model: aiayn's decoding defaults, with the
-    config's ``num_beams`` when it names more than one; no lower-casing."""
+    config's ``num_beams`` when it names more than one and its ``forced_bos_token_id`` as ``forced_bos_id``; no
+    lower-casing."""
     beams = hf.get("num_beams")
     decode = {**DECODE, **({"beam": int(beams)} if isinstance(beams, int) and beams > 1 else {})}
+    forced = hf.get("forced_bos_token_id")  # every output begins with it (bart-large-cnn, mBART-like models)
+    if isinstance(forced, int) and not isinstance(forced, bool):
+        decode["forced_bos_id"] = forced
     return {"decode": decode, "lowercase": False}
 
 

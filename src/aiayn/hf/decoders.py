@@ -218,10 +218,8 @@ def _llama_like_from_hf(hf: dict[str, Any], family: str, qkv_bias: bool,
     rope, problems = rope_settings(hf)
     if act not in GATED:
         problems.append(f"hidden_act={act!r}: aiayn converts {', '.join(GATED)}")
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and heads and int(head_dim) * heads != d:
-        problems.append(f"head_dim={head_dim}: aiayn's heads are hidden_size / num_attention_heads = {d // heads} "
-                        "wide")
+    head_dim = hf.get("head_dim")  # kept only where it is not hidden_size / num_attention_heads
+    head_dim = int(head_dim) if head_dim is not None and int(head_dim) * heads != d else None
     attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
     if attn_bias != mlp_bias:
         problems.append(f"attention_bias={attn_bias}, mlp_bias={mlp_bias}: aiayn has biases on every linear layer "
@@ -232,7 +230,7 @@ def _llama_like_from_hf(hf: dict[str, Any], family: str, qkv_bias: bool,
     activation, approx = GATED[act]
     max_len = int(hf.get("max_position_embeddings", 2048))
     vocab = int(hf.get("vocab_size", 32000))
-    fields = dict(arch="decoder", vocab_size=vocab, d_model=d, n_heads=heads, n_kv_heads=kv,
+    fields = dict(arch="decoder", vocab_size=vocab, d_model=d, n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
                   n_layers=int(hf.get("num_hidden_layers", 32)), d_ff=int(hf.get("intermediate_size", 11008)),
                   max_len=max_len, dropout=0.0, attn_dropout=float(hf.get("attention_dropout", 0.0) or 0.0),
                   activation=activation, gelu_approximate=approx, norm="rmsnorm",

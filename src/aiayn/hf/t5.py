@@ -16,7 +16,7 @@ embedding. The decoder starts from ``<pad>`` (``decoder_start_token_id`` 0), and
 both languages. T5's task prefixes ("translate English to German: ") are part of the input text.
 
 A checkpoint whose ``d_kv * num_heads`` is not ``d_model`` (t5-v1_1-small, flan-t5-small: 6 heads of 64 in 512)
-has no aiayn counterpart: aiayn's heads are d_model / n_heads wide.
+sets ``head_dim`` to ``d_kv``; otherwise ``head_dim`` stays null (d_model / n_heads).
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ def t5_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
         problems.append(f"feed_forward_proj={proj!r}: aiayn converts {', '.join(FEED_FORWARD)}")
     d, heads = int(hf.get("d_model", 512)), int(hf.get("num_heads", 8))
     d_kv = int(hf.get("d_kv", d // max(heads, 1)))
-    if d_kv * heads != d:
-        problems.append(f"d_kv={d_kv}, num_heads={heads}, d_model={d}: aiayn's heads are d_model / num_heads wide, "
-                        "so d_kv * num_heads must equal d_model")
     if hf.get("is_encoder_decoder", True) is False:
         problems.append("is_encoder_decoder=false: aiayn converts T5's encoder-decoder")
     refuse("t5", problems)
@@ -63,6 +60,7 @@ def t5_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     enc = int(hf.get("num_layers", 6))
     dec = hf.get("num_decoder_layers")
     fields = dict(arch="encoder-decoder", vocab_size=vocab, d_model=d, n_heads=heads,
+                  head_dim=None if d_kv * heads == d else d_kv,
                   n_layers=int(dec) if dec is not None else enc, n_encoder_layers=enc, d_ff=int(hf.get("d_ff", 2048)),
                   max_len=int(hf.get("n_positions") or 512), dropout=number(hf, "dropout_rate", 0.1),
                   activation=activation, gelu_approximate=approx, norm="rmsnorm",

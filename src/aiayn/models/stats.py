@@ -38,8 +38,8 @@ def forward_flops_per_token(c: ModelConfig, src_len: int = 0, tgt_len: int = 0) 
     both, and the count is per target token with the source cost amortized over ``tgt_len``.
     Training costs about three times the forward pass.
     """
-    d = c.d_model
-    head = 2 * d * c.target_vocab_size
+    d = c.n_heads * c.head_dim  # the attention width: scores and weighted values cost this per key
+    head = 2 * c.d_model * c.target_vocab_size
     if c.arch == "decoder":
         return 2 * c.n_layers * _layer_matmul_params(c, False) + 2 * c.n_layers * tgt_len * d + head
     if c.arch == "encoder":

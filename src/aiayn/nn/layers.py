@@ -59,10 +59,11 @@ class TransformerLayer(nn.Module):
         c = config
         scale = 1.0 if c.position == "t5" else None  # T5 folds 1/sqrt(Dh) into its initialization
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, bias=c.bias, qkv_bias=c.qkv_uses_bias,
-                                            dropout=c.attn_dropout, scale=scale)
+                                            dropout=c.attn_dropout, head_dim=c.head_dim, scale=scale)
         self.self_res = Residual(c, alpha)
         self.cross_attn = (MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, cross=True, bias=c.bias,
-                                              qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, scale=scale)
+                                              qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, head_dim=c.head_dim,
+                                              scale=scale)
                            if cross else None)
         self.cross_res = Residual(c, alpha) if cross else None
         if c.ffn == "moe":

@@ -129,28 +129,43 @@ class LMTask:
             raise AiaynError(f"{path}: data.packing = true needs a folder with one *.txt file per document; "
                              "give a folder, or set data.packing = false")
 
-        # ---- tokenizer: reused from the checkpoint when resuming, trained on the training text otherwise
+        # ---- tokenizer: reused from the checkpoint when resuming or starting from init_from (with the model
+        # config), trained on the training text otherwise
+        from aiayn.tasks.finetune import announce, finetune_config, finetune_source
+
+        source = None if resume_dir is not None else finetune_source(recipe, "lm")
         symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" else None
-        if resume_dir is not None:
+        if resume_dir is not None or source is not None:
             from aiayn.train.checkpoint import checkpoint_file, load_config
 
-            meta = load_config(resume_dir)
-            tok = load_tokenizer(checkpoint_file(resume_dir, TOKENIZER_FILE))
+            directory = resume_dir if source is None else source[0]
+            meta = load_config(directory)
+            tok = load_tokenizer(checkpoint_file(directory, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
             self.codec = TextCodec(tok, meta.get("newline_symbol"))
         else:
             self.codec = TextCodec(self._train_tokenizer(train_docs, symbol), symbol)
         tok = self.codec.tokenizer
 
-        section = dict(recipe["model"])
-        forced: dict[str, Any] = {"arch": "decoder", "vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
-        if "max_len" not in section:
-            forced["max_len"] = self.block_size
-        self.model_config = build_model_config(section, **forced)
+        if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):
+            self.model_config = finetune_config(meta, recipe, str(directory))
+        else:
+            section = dict(recipe["model"])
+            forced: dict[str, Any] = {"arch": "decoder", "vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
+            if "max_len" not in section:
+                forced["max_len"] = self.block_size
+            self.model_config = build_model_config(section, **forced)
         if self.model_config.max_len < self.block_size:
+            fix = ("lower block_size (init_from's model has that many positions)" if "init_from" in recipe["model"]
+                   else "raise max_len or lower block_size")
             raise AiaynError(f"{origin}: model.max_len={self.model_config.max_len} is shorter than "
-                             f"data.block_size={self.block_size}; raise max_len or lower block_size")
+                             f"data.block_size={self.block_size}; {fix}")
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
+        if source is not None:
+            from aiayn.train.checkpoint import load_model_state
+
+            load_model_state(source[0], self.model)
+            announce(source[0], meta, {"eos": tok.eos_id, "pad": tok.pad_id, "bos": tok.bos_id})
 
         # ---- data as token ids
         if self.data["packing"]:

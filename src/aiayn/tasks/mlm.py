@@ -24,7 +24,7 @@ from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
-from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
+from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
 from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
@@ -96,42 +96,37 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
     """The tokenizer and model config of an encoder task, and the checkpoint to initialize from.
 
     Precedence: a resumed run reuses its own checkpoint's tokenizer and model config; ``[model] init_from``
-    (or ``[train] init_from``, see :func:`init_from`)
-    reuses that checkpoint's tokenizer and model config, with the other ``[model]`` keys as overrides;
+    reuses that checkpoint's tokenizer and model config, with the dropout-like ``[model]`` keys as overrides
+    (:mod:`aiayn.tasks.finetune`; a classifier from a masked-LM checkpoint may also set ``pooling``);
     otherwise a tokenizer is trained on ``train_texts`` and the model config comes from ``[model]``.
 
     Returns:
         ``(tokenizer, model config, init_from directory or None)``; the caller loads ``init_from``'s
         weights after building the model (:func:`load_encoder_weights`), unless resuming.
     """
-    section = dict(recipe["model"])
-    section.pop("init_from", None)
-    source_name = init_from(recipe)
-    init_dir = resolve_path(recipe, source_name) if source_name else None
+    from aiayn.tasks.finetune import finetune_config, finetune_source
+
+    task = "classification" if forced.get("n_classes") is not None else "mlm"
+    found = None if resume_dir is not None else finetune_source(recipe, task)
+    init_dir = None if found is None else found[0]
     source = resume_dir or init_dir
     if source is not None:
         meta = load_config(source)
-        if meta.get("model", {}).get("arch") != "encoder":
-            raise AiaynError(f"{source}: a {meta.get('task', 'unknown')!r} checkpoint with arch "
-                             f"{meta.get('model', {}).get('arch')!r}; init_from needs an encoder checkpoint "
-                             "(task mlm or classification)")
         tok = load_tokenizer(checkpoint_file(source, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
-        base = dict(meta["model"])
-        if resume_dir is not None:
-            section = {}
-        elif "preset" in section:
-            raise AiaynError(f"[model]: init_from = {source_name!r} takes the model from that checkpoint; "
-                             "remove preset (other [model] keys override the checkpoint's config)")
-        config = ModelConfig.from_dict({**base, **section, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
-                                        **forced}, f"{source}/config.json + [model]")
-        return tok, config, (None if resume_dir is not None else init_dir)
+        if resume_dir is not None and not init_from(recipe):
+            config = ModelConfig.from_dict({**meta["model"], **forced}, f"{source}/config.json")
+        else:
+            config = finetune_config(meta, recipe, str(source), **forced)
+        return tok, config, init_dir
+    section = dict(recipe["model"])
+    section.pop("init_from", None)
     tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))
     return tok, build_model_config(section, vocab_size=tok.vocab_size, pad_id=tok.pad_id, **forced), None
 
 
 def init_from(recipe: dict[str, Any]) -> str | None:
-    """The checkpoint a recipe starts from: ``[model] init_from``, else ``[train] init_from``, else None."""
-    return recipe["model"].get("init_from") or recipe["train"].get("init_from")
+    """The checkpoint a recipe starts from (``[model] init_from``), or None."""
+    return recipe["model"].get("init_from") or None
 
 
 def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[str], list[str]]:
@@ -141,7 +136,20 @@ def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[
         ``(missing, unexpected)``: the model's parameters left at their fresh initialization, and the
         checkpoint's tensors the model has no place for.
     """
-    missing, unexpected = load_model_state(directory, model, strict=False)
+    state = read_state_dict(checkpoint_dir(directory))
+    shapes = model.state_dict()
+    # a classifier of another label set: its output layer starts fresh
+    resized = sorted(k for k, v in state.items() if k.startswith("cls_head.") and k in shapes
+                     and tuple(v.shape) != tuple(shapes[k].shape))
+    for k in resized:
+        del state[k]
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:
+        raise AiaynError(f"{directory}: weights do not fit the model ({e})") from e
+    if resized:
+        print(f"{directory}: the checkpoint's classifier has another number of classes; {', '.join(resized)} "
+              "start fresh")
     loaded = len(model.state_dict()) - len(missing)
     print(f"initialized {loaded} tensors from {directory}; newly initialized: {sorted(missing) or 'none'}; "
           f"unused from the checkpoint: {sorted(unexpected) or 'none'}")

@@ -92,8 +92,14 @@ class TranslationTask:
             corpora = {"training": tr, "validation": va}
         self.valid_text = valid
 
-        # ---- tokenizers: reused from the checkpoint when resuming, trained on the training data otherwise
-        if resume_dir is not None:
+        # ---- tokenizers: reused from the checkpoint when resuming or starting from init_from (with the model
+        # config), trained on the training data otherwise
+        from aiayn.tasks.finetune import announce, finetune_config, finetune_source
+
+        source = None if resume_dir is not None else finetune_source(recipe, "translation")
+        if source is not None:
+            self.src_tok, self.tgt_tok = load_translation_tokenizers(source[0])
+        elif resume_dir is not None:
             self.src_tok, self.tgt_tok = load_translation_tokenizers(resume_dir)
         elif self.tok_cfg["joint"]:
             tok = self._train_tok(train[0] + train[1])
@@ -108,9 +114,22 @@ class TranslationTask:
         forced: dict[str, Any] = {"vocab_size": self.src_tok.vocab_size, "pad_id": self.src_tok.pad_id}
         if not joint:
             forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
-        self.model_config = build_model_config(recipe["model"], arch="encoder-decoder", **forced)
+        if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):
+            from aiayn.train.checkpoint import load_config
+
+            directory = resume_dir if source is None else source[0]
+            self.model_config = finetune_config(load_config(directory), recipe, str(directory))
+        else:
+            self.model_config = build_model_config(recipe["model"], arch="encoder-decoder", **forced)
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
+        if source is not None:
+            from aiayn.train.checkpoint import load_model_state
+
+            load_model_state(source[0], self.model)
+            t = self.tgt_tok
+            announce(source[0], source[1], {"pad": t.pad_id, "bos": t.bos_id, "eos": t.eos_id,
+                                            "decoder_start": t.decoder_start_id})
 
         self.limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
         self.train_ids, kept = self._encode(train, self.limit, "training", corpora.get("training"))
@@ -124,11 +143,19 @@ class TranslationTask:
         return train_tokenizer(self.tok_cfg["kind"], texts, self.tok_cfg["vocab_size"],
                                **training_options(self.tok_cfg))
 
+    @property
+    def _frames_sources(self) -> bool:
+        """Whether sources carry the tokenizer's own framing (a pretrained vocabulary's, :func:`source_ids`)."""
+        from aiayn.tokenize.pretrained import PretrainedTokenizer
+
+        return isinstance(self.src_tok, PretrainedTokenizer)
+
     def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str,
                 corpus: ParallelCorpus | None = None) -> tuple[tuple[list, list], list]:
         """Token ids of the pairs within ``limit`` tokens a side, and the indices of those pairs (over-long
         pairs are reported at their ``file:line`` when ``corpus`` says where they came from)."""
-        src = self.src_tok.encode_batch(pair[0])
+        src = ([source_ids(self.src_tok, text) for text in pair[0]] if self._frames_sources
+               else self.src_tok.encode_batch(pair[0]))  # sources as decoding reads them (source_ids)
         tgt = self.tgt_tok.encode_batch(pair[1])
         kept = filter_by_token_length(src, tgt, limit, self.data["policy"],
                                       origin=corpus.origin if corpus else f"{what} data",
@@ -243,14 +270,45 @@ def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
 
 
 @torch.no_grad()
+def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]:
+    """A source sentence's ids as the model reads them, at most ``limit`` of them (None: all).
+
+    A pretrained vocabulary frames the text as its model was trained on (:meth:`PretrainedTokenizer.encode_with_special
+    <aiayn.tokenize.pretrained.PretrainedTokenizer.encode_with_special>`: T5 and Marian ``... </s>``, BART ``<s> ...
+    </s>``, as transformers' tokenizer does); a longer source keeps that framing and loses its last text tokens (as
+    transformers' truncation does). The built-in tokenizers' sources carry no BOS or EOS (as in training: only the
+    target is framed), so their sources are the plain ``encode`` cut to ``limit``.
+    """
+    from aiayn.tokenize.pretrained import PretrainedTokenizer
+
+    if not isinstance(tok, PretrainedTokenizer):
+        ids = tok.encode(text)
+        return ids if limit is None else ids[:limit]
+    framed = tok.encode_with_special(text)
+    if limit is None or len(framed) <= limit:
+        return framed
+    raw = tok.encode(text)
+    extra = len(framed) - len(raw)  # the framing tokens
+    for p in range(extra + 1):
+        if framed[p:p + len(raw)] == raw:
+            return [*framed[:p], *raw[:max(0, limit - extra)], *framed[p + len(raw):]]
+    return framed[:limit]
+
+
 def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[str], *, beam: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
-                    n_best: int = 1) -> list[str] | list[list[str]]:
+                    n_best: int = 1, forced_bos_id: int | None = None) -> list[str] | list[list[str]]:
     """Translate sentences with beam search (beam 1 = greedy), in length-sorted batches, order preserved.
+
+    Sources are encoded by :func:`source_ids` (a pretrained vocabulary's own framing, cut to the model's
+    ``max_len``). Outputs never contain ids the target tokenizer lacks (a model's output layer padded past its
+    vocabulary, as T5's).
 
     Args:
         model: an encoder-decoder model, or a list of them sharing ``src_tok`` and ``tgt_tok`` (an ensemble;
             see :func:`aiayn.generate.translate`).
+        forced_bos_id: a token every output begins with (the checkpoint's ``decode.forced_bos_id``: BART models
+            with transformers' ``forced_bos_token_id``); it is fed to the decoder, not shown in the output.
     Returns:
         One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
     """
@@ -260,7 +318,7 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
     models = seq2seq_models(model)
     device = next(models[0].parameters()).device
     max_src = min(m.config.max_len for m in models)
-    ids = [src_tok.encode(t)[:max_src] for t in texts]
+    ids = [source_ids(src_tok, t, max_src) for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[Any] = [None] * len(ids)
     for start in range(0, len(order), batch_size):
@@ -271,7 +329,8 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
             src[row, :len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
         hyps = translate(models, src.to(device), beam_size=beam, alpha=alpha, max_len_a=max_len_a,
                          max_len_b=max_len_b, n_best=n_best, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id,
-                         pad_id=tgt_tok.pad_id, start_id=tgt_tok.decoder_start_id)
+                         pad_id=tgt_tok.pad_id, start_id=tgt_tok.decoder_start_id, vocab_size=tgt_tok.vocab_size,
+                         forced_first_id=forced_bos_id)
         for row, i in enumerate(chunk):
             texts_i = [tgt_tok.decode(h.tokens) for h in hyps[row]]
             out[i] = texts_i[0] if n_best == 1 else texts_i

@@ -39,7 +39,9 @@ skip_special_tokens=skip_special)``. As in transformers, a special token's text 
 <|endoftext|> b"``) encodes to that special id. The tasks use the plain ``encode`` and add the framing ids
 themselves from the tokenizer (translation: ``decoder_start_id`` before the target, ``eos_id`` after it;
 language modeling: ``eos_id`` between documents; masked LM and classification: ``bos_id`` and ``eos_id``
-around the text), exactly as they do with the built-in tokenizers.
+around the text), exactly as they do with the built-in tokenizers; translating a text frames its source with
+:meth:`~PretrainedTokenizer.encode_with_special`, as the model was trained
+(:func:`aiayn.tasks.translation.source_ids`).
 """
 
 from __future__ import annotations

@@ -341,39 +341,40 @@ def _model_problems(recipe: dict[str, Any], task: str, sections: dict[str, dict[
     section = dict(recipe["model"])
     data, tok = sections.get("data", {}), sections.get("tokenizer", {})
     encoder = task in ("mlm", "classification")
-    source = section.pop("init_from", None) if encoder else None
-    if encoder and resume:
-        return []  # the run's own checkpoint holds the model config
+    if resume:
+        if encoder or section.get("init_from"):
+            return []  # the run's own checkpoint holds the model config
+    elif section.get("init_from"):
+        from aiayn.tasks.finetune import source_problems
+
+        _, meta, problems = source_problems(recipe, task)
+        if problems or meta is None:
+            return problems
+        fields = {**meta["model"], **{k: v for k, v in section.items() if k != "init_from"}}
+        if task == "classification":
+            fields["n_classes"] = 2  # the number of labels in the data
+        out = [f"[model] {p}" for p in ModelConfig.check(fields)]
+        if not out and task == "lm" and fields.get("max_len", 1024) < data["block_size"]:
+            out.append(f"[data] block_size={data['block_size']}: longer than the init_from checkpoint's "
+                       f"max_len={fields['max_len']}; lower block_size")
+        return out
+    section.pop("init_from", None)
     out: list[str] = []
     preset = section.pop("preset", None)
     forced: dict[str, Any] = {"arch": _ARCH[task]}
     base: dict[str, Any] = {}
-    if source is not None:
-        if preset is not None:
-            out.append(f"[model] preset={preset!r}: init_from takes the model from that checkpoint; remove preset "
-                       "(the other [model] keys override the checkpoint's config)")
-        try:
-            from aiayn.train.checkpoint import load_config
-
-            base = dict(load_config(resolve_path(recipe, source)).get("model", {}))
-        except AiaynError as e:
-            return [*out, f"[model] init_from={source!r}: {e}"]
-        if base.get("arch") != "encoder":
-            return [*out, f"[model] init_from={source!r}: a checkpoint with arch {base.get('arch')!r}; init_from "
-                          "needs an encoder checkpoint (task mlm or classification)"]
-    elif preset is not None:
+    if preset is not None:
         if preset not in PRESETS:
             out.append(f"[model] preset={preset!r}: unknown; choose one of {', '.join(PRESETS)}")
         else:
             base = {**PRESETS[preset], "name": preset}
-    if source is None:
-        forced.update(vocab_size=1000, pad_id=0)  # the tokenizer's, once trained
-        if task == "translation" and not tok.get("joint", True):
-            forced.update(tgt_vocab_size=1000, share_src_tgt_embeddings=False)
-        if "max_len" not in section:
-            length = data.get("block_size") if task == "lm" else data.get("max_len") if encoder else None
-            if length is not None:
-                forced["max_len"] = length
+    forced.update(vocab_size=1000, pad_id=0)  # the tokenizer's, once trained
+    if task == "translation" and not tok.get("joint", True):
+        forced.update(tgt_vocab_size=1000, share_src_tgt_embeddings=False)
+    if "max_len" not in section:
+        length = data.get("block_size") if task == "lm" else data.get("max_len") if encoder else None
+        if length is not None:
+            forced["max_len"] = length
     if task == "classification":
         forced["n_classes"] = 2  # the number of labels in the data
     fields = {**base, **section, **forced}

@@ -47,6 +47,7 @@ class TrainConfig:
     threads: int | None = None
     progress: bool = True
     accel: str | None = None  # "none" | "auto"; None: $AIAYN_ACCEL, else "auto" (aiayn.accel.resolve)
+    freeze: list[str] | None = None  # fnmatch patterns of parameter names left untrained (aiayn.train.freeze)
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -60,7 +61,11 @@ class TrainConfig:
         from aiayn.train.optim import OPTIMIZERS
         from aiayn.train.schedules import SCHEDULES
 
-        p = type_problems(self)
+        p = [x for x in type_problems(self) if not x.startswith("freeze=")]
+        if self.freeze is not None and (not isinstance(self.freeze, (list, tuple))
+                                        or not all(isinstance(x, str) and x for x in self.freeze)):
+            p.append(f"freeze={self.freeze!r}: must be a list of parameter-name patterns, e.g. freeze = "
+                     '["encoder.*", "*.embed.*"]')
         typed = {m.split("=", 1)[0] for m in p}  # keys whose value has the wrong type: no further rules
 
         def rule(name: str, good: Callable[[Any], bool], problem: str) -> None:

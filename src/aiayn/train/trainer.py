@@ -52,6 +52,7 @@ from aiayn.train.checkpoint import (
     write_average,
 )
 from aiayn.train.distributed import Ranks, broadcast_parameters, check_same_files, sum_gradients
+from aiayn.train.freeze import freeze_parameters
 from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.train.optim import build_optimizer
 from aiayn.train.progress import TrainingProgress
@@ -153,6 +154,10 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         torch.set_num_threads(cfg.threads)
     elif ranks.local_world > 1 and on_cpu:  # share the cores instead of oversubscribing them
         torch.set_num_threads(max(1, torch.get_num_threads() // ranks.local_world))
+    if cfg.freeze:  # before the optimizer, which then leaves the frozen parameters out
+        frozen = freeze_parameters(model, cfg.freeze)
+        if ranks.main:
+            tqdm.write(f"frozen: {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
     accel.accelerate(model, "train", cfg.accel)  # the one place training applies an accelerator
     out = Path(cfg.out_dir)
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
@@ -177,6 +182,12 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         state = load_training_state(last)
         if state is None:
             raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+        saved_train = state.get("train_config")
+        saved_freeze = saved_train.get("freeze") if isinstance(saved_train, dict) else None
+        if list(saved_freeze or []) != list(cfg.freeze or []):
+            raise AiaynError(f"{last}: the run was trained with train.freeze={saved_freeze!r}, this one has "
+                             f"{cfg.freeze!r}; the optimizer's state fits only the same trainable parameters: "
+                             "resume with the original freeze list, or start a new run in another train.out_dir")
         validate_training_state(state, last / STATE_FILE, optimizer, ranks.world)
         changes = check_same_run(last, load_config(last), config_json, state.get("recipe"),
                                  recipe_sections or None, state.get("train_config"), _plain(asdict(cfg)))

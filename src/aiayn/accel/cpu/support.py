@@ -62,13 +62,13 @@ def unsupported(config: ModelConfig) -> list[str]:
     problems = []
     defaults = ModelConfig()
     for f in dataclasses.fields(ModelConfig):
-        value = getattr(config, f.name)
+        value = vars(config)[f.name]  # as given: head_dim is null unless set, whatever width it derives
         if f.name in NEUTRAL:
             continue
         if f.name in SUPPORTED:
             if value not in SUPPORTED[f.name]:
                 problems.append(f"{f.name}={value!r}")
-        elif value != getattr(defaults, f.name):
+        elif value != vars(defaults)[f.name]:
             problems.append(f"{f.name}={value!r}")
     return problems
 

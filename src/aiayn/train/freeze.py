@@ -1,0 +1,47 @@
+"""Freezing parameters for fine-tuning: ``[train] freeze = ["encoder.*", "*.embed.*"]``.
+
+Each pattern is matched with :func:`fnmatch.fnmatchcase` against the model's parameter names (as
+``model.named_parameters()`` gives them: ``embed.weight``, ``encoder.layers.0.attn.qkv_proj.weight``, ...). A
+matched parameter gets ``requires_grad=False``, so the optimizer leaves it out and its value never changes; a
+pattern that matches nothing is an error listing some of the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+
+from torch import nn
+
+from aiayn.errors import AiaynError
+
+
+def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """Set ``requires_grad=False`` on every parameter whose name matches one of ``patterns``.
+
+    Args:
+        model: the model (tied parameters are listed once, under their first name, and also matched by the
+            names of their other owners).
+        patterns: fnmatch patterns, e.g. ``"encoder.*"`` or ``"*.embed.*"``.
+
+    Returns:
+        The names of the frozen parameters.
+
+    Raises:
+        AiaynError: a pattern matches no parameter (the message lists some names), or every parameter is frozen.
+    """
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    unmatched = [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        sample = ", ".join(names if len(names) <= 8 else [*names[:6], "...", *names[-2:]])
+        raise AiaynError(f"[train] freeze: {', '.join(repr(p) for p in unmatched)} match(es) no parameter; the "
+                         f"model's parameters are named like {sample} (fnmatch patterns, e.g. \"encoder.*\")")
+    frozen = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if any(fnmatchcase(name, p) for p in patterns) and param.requires_grad:
+            param.requires_grad_(False)
+            frozen.append(name)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise AiaynError(f"[train] freeze = {list(patterns)} freezes every parameter; nothing would train: "
+                         "narrow the patterns")
+    return frozen
