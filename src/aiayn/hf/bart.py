@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.hf.bert import activation_from_hf, activation_to_hf, mismatches, number
-from aiayn.hf.family import Family, StateDict, StateReader, refuse, register
+from aiayn.hf.bert import activation_from_hf, activation_to_hf, number
+from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
 
 #: the translation task's decoding defaults for a converted model (aiayn's: beam 4, GNMT alpha 0.6, input + 50)
 DECODE = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}

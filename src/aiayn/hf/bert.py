@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.hf.family import Family, StateDict, StateReader, refuse, register
+from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
 
 #: transformers' activation names -> aiayn's (activation, gelu_approximate)
 ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
@@ -41,18 +41,6 @@ def activation_to_hf(config: ModelConfig) -> str:
     if config.activation == "gelu":
         return "gelu_new" if config.gelu_approximate == "tanh" else "gelu"
     return config.activation
-
-
-def mismatches(config: ModelConfig, wanted: dict[str, Any], family: str) -> list[str]:
-    """``field=value: <family> has <wanted>`` for each field of ``config`` that differs from ``wanted`` (a value,
-    or a tuple of allowed values)."""
-    out = []
-    for name, want in wanted.items():
-        have = getattr(config, name)
-        if not (have in want if isinstance(want, tuple) else have == want):
-            shown = " or ".join(repr(w) for w in want) if isinstance(want, tuple) else repr(want)
-            out.append(f"{name}={have!r}: {family} has {shown}")
-    return out
 
 
 def number(hf: dict[str, Any], key: str, default: float) -> float:

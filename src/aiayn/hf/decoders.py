@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.hf.family import Family, StateDict, StateReader, refuse, register
+from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
 
 LM_META = {"newline_symbol": None, "packing": False}
 
@@ -29,18 +29,6 @@ def lm_meta(max_len: int) -> dict[str, Any]:
 
 def _drop(hf: dict[str, Any]) -> float:
     return float(hf.get("resid_pdrop", hf.get("dropout", 0.0)) or 0.0)
-
-
-def _mismatches(config: ModelConfig, wanted: dict[str, Any], family: str) -> list[str]:
-    """``field=value: <family> has <wanted>`` for each field of ``config`` that differs from ``wanted``."""
-    out = []
-    for name, want in wanted.items():
-        have = getattr(config, name)
-        ok = have in want if isinstance(want, tuple) else have == want
-        if not ok:
-            shown = " or ".join(repr(w) for w in want) if isinstance(want, tuple) else repr(want)
-            out.append(f"{name}={have!r}: {family} has {shown}")
-    return out
 
 
 def _tie(hf: dict[str, Any], default: bool) -> bool:
@@ -124,7 +112,7 @@ def gpt2_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, An
                                   scale_embeddings=False, embedding_norm=False, n_token_types=None,
                                   tied_output_scale=False, output_bias=False, sliding_window=None,
                                   tgt_vocab_size=(None, c.vocab_size))
-    refuse("gpt2", _mismatches(c, wanted, "GPT-2"))
+    refuse("gpt2", mismatches(c, wanted, "GPT-2"))
     act = {"relu": "relu", "silu": "silu"}.get(c.activation) or (
         "gelu_new" if c.gelu_approximate == "tanh" else "gelu")
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
@@ -321,7 +309,7 @@ def llama_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def llama_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("llama", _mismatches(c, {**_llama_like_wanted(c), "sliding_window": None, "qkv_bias": (None, c.bias)},
+    refuse("llama", mismatches(c, {**_llama_like_wanted(c), "sliding_window": None, "qkv_bias": (None, c.bias)},
                                 "LLaMA"))
     return {**_llama_like_to_hf(c, "llama", "LlamaForCausalLM"), "attention_bias": c.bias, "mlp_bias": c.bias,
             "pretraining_tp": 1}
@@ -341,7 +329,7 @@ def mistral_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 def mistral_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("mistral", _mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": (None, False)},
+    refuse("mistral", mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": (None, False)},
                                   "Mistral"))
     return {**_llama_like_to_hf(c, "mistral", "MistralForCausalLM"), "sliding_window": c.sliding_window}
 
@@ -369,7 +357,7 @@ def qwen2_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def qwen2_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("qwen2", _mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": True}, "Qwen2"))
+    refuse("qwen2", mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": True}, "Qwen2"))
     window = c.sliding_window
     return {**_llama_like_to_hf(c, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
             "sliding_window": window, "max_window_layers": 0 if window else c.n_layers,

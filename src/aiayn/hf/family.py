@@ -131,18 +131,6 @@ def family_for_hf(hf: dict[str, Any], source: str = "config.json") -> Family:
                      f"{known}")
 
 
-def family_named(name: str) -> Family:
-    """The registered family called ``name`` (or reading the ``model_type`` ``name``)."""
-    _load_builtin()
-    if name in FAMILIES:
-        return FAMILIES[name]
-    for family in FAMILIES.values():
-        if name in family.model_types:
-            return family
-    raise AiaynError(f"no converter for {name!r}; aiayn converts these model types: "
-                     f"{', '.join(supported_model_types())}")
-
-
 def _load_builtin() -> None:
     """Import the built-in families (each registers itself on import)."""
     import importlib
@@ -173,10 +161,6 @@ class StateReader:
     def __contains__(self, key: str) -> bool:
         return key in self._state
 
-    def keys(self) -> list[str]:
-        """Every key (taken or not)."""
-        return list(self._state)
-
     def take(self, key: str) -> Tensor:
         """The tensor ``key`` as float32 (an AiaynError naming it when the folder lacks it)."""
         if key not in self._state:
@@ -192,6 +176,18 @@ class StateReader:
             shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
             raise AiaynError(f"the weights hold tensors this model type does not have ({shown}); config.json does "
                              "not describe these weights: download the folder again")
+
+
+def mismatches(config: ModelConfig, wanted: dict[str, Any], family: str) -> list[str]:
+    """``field=value: <family> has <wanted>`` for each field of ``config`` that differs from ``wanted`` (a value,
+    or a tuple of allowed values)."""
+    out = []
+    for name, want in wanted.items():
+        have = getattr(config, name)
+        if not (have in want if isinstance(want, tuple) else have == want):
+            shown = " or ".join(repr(w) for w in want) if isinstance(want, tuple) else repr(want)
+            out.append(f"{name}={have!r}: {family} has {shown}")
+    return out
 
 
 def refuse(family: str, problems: list[str]) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.errors import AiaynError, where
+from aiayn.errors import AiaynError
 from aiayn.tokenize import Tokenizer
+from aiayn.tokenize.pretrained import read_json_object
 
 CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -36,19 +37,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of a model folder (an AiaynError naming the file when missing or corrupt)."""
-    if not path.is_file():
+    data = read_json_object(path, fix="download it again")
+    if data is None:
         raise AiaynError(f"{path}: no such file; a transformers model folder holds {CONFIG} and its weights (what "
                          "model.save_pretrained(folder) writes): download the whole folder")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise AiaynError(f"{where(path, e.lineno)}: not valid JSON ({e.msg}); the file is corrupt: download it "
-                         "again") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise AiaynError(f"{path}: cannot read the file ({e}); check its permissions and encoding") from None
-    if not isinstance(data, dict):
-        raise AiaynError(f"{path}: expected a JSON object, got {type(data).__name__}; the file is corrupt: "
-                         "download it again")
     return data
 
 
@@ -130,7 +122,7 @@ def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | No
 
     builtin = dict(zip(("pad", "bos", "eos", "unk", "mask"), SPECIAL_TOKENS))
     if tok.kind == "pretrained":
-        return HFTokenizer.from_str(tok.hf.to_str()), tok.special_tokens, bool(tok.to_dict().get("clean_up"))
+        return HFTokenizer.from_str(tok.hf.to_str()), tok.special_tokens, tok.clean_up
     if tok.kind == "bpe":
         return HFTokenizer.from_str(tok.hf.to_str()), builtin, False
     if tok.kind == "char":

@@ -27,8 +27,8 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.hf.bart import translation_meta
-from aiayn.hf.bert import mismatches, number
-from aiayn.hf.family import Family, StateDict, StateReader, refuse, register
+from aiayn.hf.bert import number
+from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
 
 #: T5's ``feed_forward_proj`` -> aiayn's (activation, gelu_approximate)
 FEED_FORWARD = {"relu": ("relu", "none"), "gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),

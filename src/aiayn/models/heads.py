@@ -82,10 +82,12 @@ def reference_row_top(logits: Tensor, banned_ids: Sequence[int], n: int) -> RowT
     from aiayn.generate.common import next_log_probs  # local: aiayn.generate imports the models
 
     n = min(n, logits.shape[-1])
-    banned = list(banned_ids)
+    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=logits.device) if banned_ids else None
 
     def top(logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        log_probs = next_log_probs(logits, banned)  # (N, V) float32, banned ids -inf
+        log_probs = next_log_probs(logits)  # (N, V) float32
+        if banned is not None:  # the index built once per search, not per step
+            log_probs.index_fill_(1, banned, float("-inf"))
         top_lp, top_tok = log_probs.topk(n, dim=-1)  # (N, n) each, best first
         return top_lp, top_tok, None if eos_id is None else log_probs[:, eos_id:eos_id + 1]
 

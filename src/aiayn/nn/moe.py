@@ -100,7 +100,8 @@ class MoEFeedForward(nn.Module):
 
         out = torch.zeros_like(flat)  # (N, D)
         rows = []
-        for expert, (tokens, size) in enumerate(zip(token_ids.split(kept.tolist()), kept.tolist(), strict=True)):
+        sizes = kept.tolist()  # one host sync per layer
+        for expert, (tokens, size) in enumerate(zip(token_ids.split(sizes), sizes, strict=True)):
             if size:
                 rows.append(self.experts[expert](flat[tokens]))  # (n_e, D)
         if rows:

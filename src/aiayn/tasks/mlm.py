@@ -125,8 +125,11 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
 
 
 def init_from(recipe: dict[str, Any]) -> str | None:
-    """The checkpoint a recipe starts from (``[model] init_from``), or None."""
-    return recipe["model"].get("init_from") or None
+    """The checkpoint a recipe starts from (``[model] init_from``), or None (as
+    :func:`aiayn.tasks.finetune.init_from_name`)."""
+    from aiayn.tasks.finetune import init_from_name
+
+    return init_from_name(recipe)
 
 
 def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[str], list[str]]:

@@ -269,7 +269,6 @@ def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     return src, (src if tgt_name == src_name else load_tokenizer(checkpoint_file(directory, tgt_name)))
 
 
-@torch.no_grad()
 def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]:
     """A source sentence's ids as the model reads them, at most ``limit`` of them (None: all).
 
@@ -295,6 +294,7 @@ def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]
     return framed[:limit]
 
 
+@torch.no_grad()
 def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[str], *, beam: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, batch_size: int = 64,
                     n_best: int = 1, forced_bos_id: int | None = None) -> list[str] | list[list[str]]:
@@ -313,11 +313,11 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
         One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
     """
     from aiayn.generate import translate
-    from aiayn.generate.translate import seq2seq_models
+    from aiayn.generate.translate import seq2seq_models, source_limit
 
     models = seq2seq_models(model)
     device = next(models[0].parameters()).device
-    max_src = min(m.config.max_len for m in models)
+    max_src = source_limit(models)
     ids = [source_ids(src_tok, t, max_src) for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[Any] = [None] * len(ids)

@@ -173,6 +173,11 @@ class PretrainedTokenizer(Tokenizer):
         return self.bos_id if self.bos_id is not None else self.pad_id
 
     @property
+    def clean_up(self) -> bool:
+        """Whether decoding applies transformers' ``clean_up_tokenization_spaces``."""
+        return self._clean_up
+
+    @property
     def special_ids(self) -> frozenset[int]:
         """The ids of the vocabulary's special tokens: what ``decode(skip_special=True)`` drops."""
         return self._special
@@ -280,8 +285,8 @@ class PretrainedTokenizer(Tokenizer):
         if not folder.is_dir():
             raise AiaynError(f"{folder}: no such tokenizer folder; give the folder that holds {TOKENIZER_FILE} "
                              "(what transformers' tokenizer.save_pretrained(folder) writes)")
-        config = _read_json(folder / CONFIG_FILE) or {}
-        model_config = _read_json(folder / MODEL_CONFIG_FILE) or {}
+        config = read_json_object(folder / CONFIG_FILE) or {}
+        model_config = read_json_object(folder / MODEL_CONFIG_FILE) or {}
         if decoder_start_id is None:
             start = model_config.get("decoder_start_token_id")
             decoder_start_id = start if isinstance(start, int) and not isinstance(start, bool) else None
@@ -296,7 +301,7 @@ class PretrainedTokenizer(Tokenizer):
                 raise AiaynError(f"{file}: not a valid Hugging Face tokenizer file ({_short(e)}); it is corrupt or "
                                  "incomplete: download it again, or save the tokenizer again with "
                                  "tokenizer.save_pretrained(folder)") from None
-            specials, extra, added = _special_tokens(config, _read_json(folder / SPECIAL_MAP_FILE), folder)
+            specials, extra, added = _special_tokens(config, read_json_object(folder / SPECIAL_MAP_FILE), folder)
             _add_missing_specials(hf, extra, added)
             clean_up = _clean_up(hf, config.get("clean_up_tokenization_spaces", False),
                                  config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"))
@@ -320,15 +325,16 @@ def _clean_up(hf: HFTokenizer, asked: Any, even_for_bpe: Any) -> bool:
     return bool(asked) and (type(hf.model).__name__ != "BPE" or bool(even_for_bpe))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object file of the folder, or None when the file is absent."""
+def read_json_object(path: Path, fix: str = "download it again, or save the tokenizer again with "
+                                            "tokenizer.save_pretrained(folder)") -> dict[str, Any] | None:
+    """A JSON object file of a transformers folder, or None when the file is absent; a corrupt one is an error
+    naming the file and line, ending with ``fix``."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise AiaynError(f"{where(path, e.lineno)}: not valid JSON ({e.msg}); the file is corrupt: download it "
-                         "again, or save the tokenizer again with tokenizer.save_pretrained(folder)") from None
+        raise AiaynError(f"{where(path, e.lineno)}: not valid JSON ({e.msg}); the file is corrupt: {fix}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise AiaynError(f"{path}: cannot read the file ({e}); check its permissions and encoding") from None
     if not isinstance(data, dict):

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aiayn.data.download import sha256_of
 from aiayn.errors import AiaynError
-from aiayn.train.disk import fsync_dir, fsync_file, sha256_file, trash, write_file
+from aiayn.train.disk import fsync_dir, fsync_file, trash, write_file
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.safetensors"
@@ -66,7 +67,7 @@ def write_tmp(tmp: Path, files: dict[str, bytes], tokenizer: Callable[[Path], No
         name = file.relative_to(tmp).as_posix()
         if file.is_file() and name not in files:
             fsync_file(file)
-            listed[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+            listed[name] = {"size": file.stat().st_size, "sha256": sha256_of(file)}
     if STATE_FILE in files:
         write_file(tmp / STATE_FILE, files[STATE_FILE])
     for name, data in files.items():
@@ -141,7 +142,7 @@ def verify(directory: Path, name: str) -> None:
     key = (str(file.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
     if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
         return
-    if st.st_size != entry["size"] or sha256_file(file) != entry["sha256"]:
+    if st.st_size != entry["size"] or sha256_of(file) != entry["sha256"]:
         raise AiaynError(
             f"{file}: checksum mismatch: the file is corrupt or was edited; restore it or use another "
             f"checkpoint (or delete {MANIFEST_FILE} to accept a deliberate edit)"

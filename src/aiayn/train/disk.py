@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -96,15 +95,6 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file's bytes, as hex."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------- hidden side folders, sweeping

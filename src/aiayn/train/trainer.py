@@ -182,6 +182,11 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         state = load_training_state(last)
         if state is None:
             raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+        saved_world = state.get("world_size", 1)
+        if saved_world != ranks.world:
+            raise AiaynError(f"{last}: saved by a run on {saved_world} process(es); resume it with --nproc "
+                             f"{saved_world} (this run has {ranks.world}), so the batches per step and the "
+                             "dropout streams continue unchanged")
         saved_train = state.get("train_config")
         saved_freeze = saved_train.get("freeze") if isinstance(saved_train, dict) else None
         if list(saved_freeze or []) != list(cfg.freeze or []):
@@ -191,11 +196,6 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         validate_training_state(state, last / STATE_FILE, optimizer, ranks.world)
         changes = check_same_run(last, load_config(last), config_json, state.get("recipe"),
                                  recipe_sections or None, state.get("train_config"), _plain(asdict(cfg)))
-        saved_world = state.get("world_size", 1)
-        if saved_world != ranks.world:
-            raise AiaynError(f"{last}: saved by a run on {saved_world} process(es); resume it with --nproc "
-                             f"{saved_world} (this run has {ranks.world}), so the batches per step and the "
-                             "dropout streams continue unchanged")
         load_model_state(last, model)
         optimizer.load_state_dict(state["optimizer"])
         # the schedule's shape comes from this run's config (a resumed run may extend max_steps and so re-plan a
@@ -413,10 +413,10 @@ def _next_batch(stream: Iterator, out: Path, resume: bool) -> tuple[Any, Any]:
 
 def _grad_norm(model: nn.Module, clip_norm: float | None) -> float:
     """The gradients' total 2-norm, clipped to ``clip_norm`` when set (inf or nan when a gradient is not finite)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(params, clip_norm or float("inf")))
+    if clip_norm:
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # the norm alone: no pass over the grads
 
 
 def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_step: int | None) -> str:
