@@ -114,12 +114,13 @@ BUILDERS = {"gpt2": _gpt2, "bart": _bart, "bert": _bert_classifier}
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """family -> its converted aiayn checkpoint."""
+    """family -> its converted aiayn checkpoint, and "family-hf" -> the transformers folder it came from."""
     out = {}
     for name, build in BUILDERS.items():
         folder = tmp_path_factory.mktemp(f"hf-{name}")
         build(folder)
         out[name] = from_hf(folder, tmp_path_factory.mktemp("converted") / name)
+        out[f"{name}-hf"] = folder
     return out
 
 
@@ -339,3 +340,69 @@ def test_bad_init_from_is_one_clear_error(tmp_path: Path, converted: dict[str, P
     (tmp_path / "tok.toml").write_text(text, encoding="utf-8")
     with pytest.raises(AiaynError, match=r"\[tokenizer\] kind: init_from .* keeps that checkpoint's tokenizer"):
         validate_recipe(load_recipe(tmp_path / "tok.toml"))
+
+
+# ---------------------------------------------------------------------------------------------- a pretrained vocabulary
+def _fresh(recipe: Path, vocabulary: Path, extra: str = "") -> Path:
+    """``recipe`` without init_from: a fresh model on the ``[tokenizer] kind = "pretrained"`` vocabulary."""
+    text = recipe.read_text(encoding="utf-8").replace('init_from = "', 'name = "fresh"\n# was: "')
+    text += f'[tokenizer]\nkind = "pretrained"\npath = "{vocabulary.as_posix()}"\n{extra}'
+    recipe.write_text(text, encoding="utf-8")
+    return recipe
+
+
+def test_a_fresh_lm_trains_on_a_pretrained_vocabulary(tmp_path: Path, converted: dict[str, Path]) -> None:
+    recipe = _fresh(_lm_recipe(tmp_path, converted["gpt2"], steps=3,
+                               model="d_model = 32\nn_heads = 4\nn_layers = 1\nd_ff = 48\n"), converted["gpt2-hf"])
+    task = LMTask(load_recipe(recipe))
+    tok = task.codec.tokenizer
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(converted["gpt2-hf"]))
+    assert tok.kind == "pretrained" and task.model_config.vocab_size == len(hf_tok)
+    assert task.model_config.pad_id == tok.pad_id == hf_tok.eos_token_id  # GPT-2 pads with its EOS
+    assert task.codec.newline_symbol is None  # line breaks are the vocabulary's own tokens
+    assert task.model_config.d_model == 32  # the model is the recipe's, not the folder's
+    run_recipe(recipe, [])
+    saved = load_pretrained(tmp_path / "lm" / "last").tokenizers["text"]
+    for text in ("the red dog runs", "two\nlines  and spaces", "\u00e9t\u00e9 \u2603"):
+        assert saved.encode(text) == hf_tok.encode(text), text
+
+    # an aiayn checkpoint's folder (what aiayn convert --from-hf writes) gives its tokenizer the same way
+    recipe2 = _fresh(_lm_recipe(tmp_path, converted["gpt2"], name="lm2", steps=1), converted["gpt2"])
+    assert LMTask(load_recipe(recipe2)).codec.tokenizer.encode("the red dog") == hf_tok.encode("the red dog")
+
+
+def test_a_fresh_translation_model_on_a_pretrained_vocabulary(tmp_path: Path, converted: dict[str, Path]) -> None:
+    model = "[model]\nd_model = 32\nn_heads = 4\nn_layers = 1\nd_ff = 48\n"
+    recipe = _fresh(_translation_recipe(tmp_path, converted["bart"], steps=2), converted["bart-hf"])
+    recipe.write_text(recipe.read_text(encoding="utf-8").replace("[model]\n", model), encoding="utf-8")
+    task = TranslationTask(load_recipe(recipe))
+    tok = task.tgt_tok
+    assert task.src_tok is tok and tok.kind == "pretrained" and (tok.pad_id, tok.decoder_start_id) == (1, 2)
+    assert task.model_config.vocab_size == tok.vocab_size and task.model_config.pad_id == 1
+    assert all(ids[0] == tok.bos_id and ids[-1] == tok.eos_id for ids in task.train_ids[0])
+    run_recipe(recipe, [])
+    assert load_pretrained(tmp_path / "mt" / "last").tokenizers["tgt"].kind == "pretrained"
+
+
+def test_pretrained_vocabulary_mistakes_are_named(tmp_path: Path, converted: dict[str, Path]) -> None:
+    base = _lm_recipe(tmp_path, converted["gpt2"], name="v")
+    text = base.read_text(encoding="utf-8").replace("init_from", "# init_from")
+
+    def problems(tokenizer: str) -> str:
+        (tmp_path / "v.toml").write_text(text + "[tokenizer]\n" + tokenizer, encoding="utf-8")
+        with pytest.raises(AiaynError) as e:
+            validate_recipe(load_recipe(tmp_path / "v.toml"))
+        return str(e.value)
+
+    assert 'give path = "DIR"' in problems('kind = "pretrained"\n')
+    assert "needs kind = \"pretrained\"" in problems(f'path = "{converted["gpt2-hf"].as_posix()}"\n')
+    assert "vocab_size: a pretrained vocabulary is read, not trained" in problems(
+        f'kind = "pretrained"\npath = "{converted["gpt2-hf"].as_posix()}"\nvocab_size = 100\n')
+    (tmp_path / "v.toml").write_text(text + f'[tokenizer]\nkind = "pretrained"\npath = "{tmp_path / "no"}"\n',
+                                     encoding="utf-8")
+    with pytest.raises(AiaynError, match="no such tokenizer folder"):
+        LMTask(load_recipe(tmp_path / "v.toml"))
+    from aiayn.tasks.vocabulary import pretrained_vocabulary
+
+    with pytest.raises(AiaynError, match="no mask token, which masked-LM training needs"):
+        pretrained_vocabulary({}, {"kind": "pretrained", "path": str(converted["gpt2-hf"])}, "mlm")

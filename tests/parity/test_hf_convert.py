@@ -97,12 +97,16 @@ def _hf_config(family: str, vocab: int, bos: int, eos: int) -> Any:
     if family == "mistral":  # a sliding window shorter than the sequences
         return transformers.MistralConfig(**llama_like, sliding_window=6, tie_word_embeddings=False,
                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family == "mixtral":  # four experts, two per token, and a sliding window
+        return transformers.MixtralConfig(**llama_like, sliding_window=6, tie_word_embeddings=False,
+                                          num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     return transformers.Qwen2Config(**llama_like, tie_word_embeddings=True,  # biases on q, k, v; tied output
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-              "qwen2": "Qwen2ForCausalLM"}
+              "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}
 FAMILIES = tuple(HF_CLASSES)
 
 
@@ -265,6 +269,9 @@ AIAYN_MODELS = {
     "llama": dict(arch="decoder", n_kv_heads=KV, activation="swiglu", norm="rmsnorm", norm_eps=1e-6,
                   norm_position="pre", position="rope", bias=False, scale_embeddings=False, tie_embeddings=False,
                   init="gpt2"),
+    "mixtral": dict(arch="decoder", n_kv_heads=KV, activation="swiglu", norm="rmsnorm", norm_eps=1e-6,
+                    norm_position="pre", position="rope", bias=False, scale_embeddings=False, tie_embeddings=False,
+                    init="gpt2", ffn="moe", n_experts=3, moe_top_k=2, sliding_window=5),
 }
 
 
@@ -336,7 +343,7 @@ def test_an_unsupported_model_type_is_one_error_naming_it(converted, tmp_path: P
     assert main(["convert", "--from-hf", str(folder), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err and "'mamba' is not supported" in err
-    assert all(t in err for t in ("gpt2", "llama", "mistral", "qwen2"))
+    assert all(t in err for t in ("gpt2", "llama", "mistral", "mixtral", "qwen2"))
     assert not (tmp_path / "out").exists()
     # a setting aiayn cannot represent is named
     (folder / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_fast"}))
@@ -382,3 +389,18 @@ def test_a_hub_name_offline_says_so_and_how_to_fix_it(tmp_path: Path, monkeypatc
     message = str(e.value)
     assert "not found in the local Hugging Face cache" in message and "could not be reached" in message
     assert "pass the folder's path" in message
+
+
+def test_mixtral_settings_aiayn_cannot_hold_are_named(tmp_path: Path) -> None:
+    from aiayn.hf.family import FAMILIES, family_for_hf
+
+    mixtral = family_for_hf({"model_type": "mixtral"})
+    with pytest.raises(AiaynError, match="num_experts_per_tok=1"):
+        mixtral.config_from_hf({"model_type": "mixtral", "num_experts_per_tok": 1})
+    with pytest.raises(AiaynError, match="router_jitter_noise"):
+        mixtral.config_from_hf({"model_type": "mixtral", "router_jitter_noise": 0.1})
+    moe = ModelConfig(**{**AIAYN_MODELS["mixtral"], "vocab_size": 20, "d_model": D, "n_heads": H, "n_layers": L})
+    with pytest.raises(AiaynError, match="ffn='moe': LLaMA has 'dense'"):
+        FAMILIES["llama"].config_to_hf(moe, {})
+    with pytest.raises(AiaynError, match="moe_top_k=1"):
+        mixtral.config_to_hf(ModelConfig(**{**moe.to_dict(), "moe_top_k": 1}), {})

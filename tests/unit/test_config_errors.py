@@ -185,7 +185,7 @@ def test_task_sections_and_cross_checks(tmp_path: Path) -> None:
         "[data] eval_max_blocks=0: must be >= 1, or none (every block)",
         "[data] packing=true: needs path to be a folder with one *.txt file per document, but 'text.txt' is a file; "
         "give a folder, or set packing = false",
-        "[tokenizer] kind='sentencepiece': unknown; choose one of bpe, char, word",
+        "[tokenizer] kind='sentencepiece': unknown; choose one of bpe, char, word, pretrained",
         "[model] max_len=16: shorter than data.block_size=32; raise max_len or lower data.block_size",
         "[decode]: lm recipes do not read this section; remove it",
     ]

@@ -4,14 +4,15 @@ GPT-2 is the ``gpt2-small`` preset's shape: learned positions, pre-LN LayerNorm,
 a tied output layer. Its ``Conv1D`` layers store weights as (in, out), so every matrix is transposed; ``c_attn``
 is already the fused ``[q; k; v]`` projection of aiayn's ``qkv_proj``.
 
-LLaMA, Mistral and Qwen2 are the ``llama`` preset's shape: RoPE, RMSNorm, SwiGLU, no biases (Qwen2: biases on q, k
-and v), GQA. ``q_proj``, ``k_proj`` and ``v_proj`` are stacked into ``qkv_proj``; ``gate_proj`` and ``up_proj``
-into the FFN's ``w_in`` (gate first). Mistral adds a sliding window over every layer; LLaMA 3 scales RoPE's
-frequencies (``rope_type`` "llama3").
+LLaMA, Mistral and Qwen2 (and Mixtral, :mod:`aiayn.hf.mixtral`) are the ``llama`` preset's shape: RoPE, RMSNorm,
+SwiGLU, no biases (Qwen2: biases on q, k and v), GQA. ``q_proj``, ``k_proj`` and ``v_proj`` are stacked into
+``qkv_proj``; ``gate_proj`` and ``up_proj`` into the FFN's ``w_in`` (gate first). Mistral adds a sliding window over
+every layer; LLaMA 3 scales RoPE's frequencies (``rope_type`` "llama3").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -197,8 +198,8 @@ def rope_to_hf(config: ModelConfig) -> dict[str, Any]:
             "rope_scaling": None if c.rope_scaling == "none" else dict(params)}
 
 
-def _llama_like_from_hf(hf: dict[str, Any], family: str, qkv_bias: bool,
-                        sliding_window: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def llama_like_from_hf(hf: dict[str, Any], family: str, qkv_bias: bool,
+                       sliding_window: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     d = int(hf.get("hidden_size", 4096))
     heads = int(hf.get("num_attention_heads", 32))
     kv = int(hf.get("num_key_value_heads") or heads)
@@ -229,11 +230,37 @@ def _llama_like_from_hf(hf: dict[str, Any], family: str, qkv_bias: bool,
     return fields, lm_meta(max_len)
 
 
-def llama_like_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any]) -> StateDict:
+def dense_ffn_from_hf(r: StateReader, src: str, dst: str, config: ModelConfig) -> StateDict:
+    """One layer's gated FFN: ``mlp.gate_proj`` and ``mlp.up_proj`` stacked into ``ffn.w_in`` (gate first)."""
+    m, out = src + "mlp.", {}
+    out[f"{dst}ffn.w_in.weight"] = torch.cat([r.take(m + "gate_proj.weight"), r.take(m + "up_proj.weight")])
+    out[f"{dst}ffn.w_out.weight"] = r.take(m + "down_proj.weight")
+    if config.bias:
+        out[f"{dst}ffn.w_in.bias"] = torch.cat([r.take(m + "gate_proj.bias"), r.take(m + "up_proj.bias")])
+        out[f"{dst}ffn.w_out.bias"] = r.take(m + "down_proj.bias")
+    return out
+
+
+def dense_ffn_to_hf(state: StateDict, src: str, dst: str, config: ModelConfig) -> StateDict:
+    """The inverse of :func:`dense_ffn_from_hf` for one layer."""
+    m, out = dst + "mlp.", {}
+    out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = state[f"{src}ffn.w_in.weight"].split(config.d_ff)
+    out[m + "down_proj.weight"] = state[f"{src}ffn.w_out.weight"]
+    if config.bias:
+        out[m + "gate_proj.bias"], out[m + "up_proj.bias"] = state[f"{src}ffn.w_in.bias"].split(config.d_ff)
+        out[m + "down_proj.bias"] = state[f"{src}ffn.w_out.bias"]
+    return out
+
+
+FFNFromHF = Callable[[StateReader, str, str, ModelConfig], StateDict]
+FFNToHF = Callable[[StateDict, str, str, ModelConfig], StateDict]
+
+
+def llama_like_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any],
+                             ffn: FFNFromHF = dense_ffn_from_hf) -> StateDict:
     r = StateReader(state, ignore=(r"rotary_emb\.inv_freq$",))
     out = {"embed.weight": r.take("model.embed_tokens.weight"),
            "decoder.final_norm.weight": r.take("model.norm.weight")}
-    bias = config.bias
     for i in range(config.n_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         a = src + "self_attn."
@@ -241,13 +268,9 @@ def llama_like_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str
         if config.qkv_uses_bias:
             out[f"{dst}self_attn.qkv_proj.bias"] = torch.cat([r.take(f"{a}{p}_proj.bias") for p in "qkv"])
         out[f"{dst}self_attn.out_proj.weight"] = r.take(f"{a}o_proj.weight")
-        m = src + "mlp."
-        out[f"{dst}ffn.w_in.weight"] = torch.cat([r.take(m + "gate_proj.weight"), r.take(m + "up_proj.weight")])
-        out[f"{dst}ffn.w_out.weight"] = r.take(m + "down_proj.weight")
-        if bias:
+        if config.bias:
             out[f"{dst}self_attn.out_proj.bias"] = r.take(f"{a}o_proj.bias")
-            out[f"{dst}ffn.w_in.bias"] = torch.cat([r.take(m + "gate_proj.bias"), r.take(m + "up_proj.bias")])
-            out[f"{dst}ffn.w_out.bias"] = r.take(m + "down_proj.bias")
+        out.update(ffn(r, src, dst, config))
         out[f"{dst}self_res.norm.weight"] = r.take(src + "input_layernorm.weight")
         out[f"{dst}ffn_res.norm.weight"] = r.take(src + "post_attention_layernorm.weight")
     if not config.tie_embeddings:
@@ -258,7 +281,7 @@ def llama_like_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str
     return out
 
 
-def llama_like_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
+def llama_like_state_to_hf(state: StateDict, config: ModelConfig, ffn: FFNToHF = dense_ffn_to_hf) -> StateDict:
     c = config
     q, kv = c.n_heads * c.head_dim, c.kv_heads * c.head_dim
     out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["decoder.final_norm.weight"]}
@@ -271,13 +294,9 @@ def llama_like_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
             for name, part in zip("qkv", state[f"{src}self_attn.qkv_proj.bias"].split([q, kv, kv])):
                 out[f"{a}{name}_proj.bias"] = part
         out[f"{a}o_proj.weight"] = state[f"{src}self_attn.out_proj.weight"]
-        m = dst + "mlp."
-        out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = state[f"{src}ffn.w_in.weight"].split(c.d_ff)
-        out[m + "down_proj.weight"] = state[f"{src}ffn.w_out.weight"]
         if c.bias:
             out[f"{a}o_proj.bias"] = state[f"{src}self_attn.out_proj.bias"]
-            out[m + "gate_proj.bias"], out[m + "up_proj.bias"] = state[f"{src}ffn.w_in.bias"].split(c.d_ff)
-            out[m + "down_proj.bias"] = state[f"{src}ffn.w_out.bias"]
+        out.update(ffn(state, src, dst, c))
         out[dst + "input_layernorm.weight"] = state[f"{src}self_res.norm.weight"]
         out[dst + "post_attention_layernorm.weight"] = state[f"{src}ffn_res.norm.weight"]
     if not c.tie_embeddings:
@@ -285,14 +304,14 @@ def llama_like_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
     return out
 
 
-def _llama_like_wanted(config: ModelConfig) -> dict[str, Any]:
+def llama_like_wanted(config: ModelConfig) -> dict[str, Any]:
     return dict(arch="decoder", position="rope", norm="rmsnorm", norm_position="pre", deepnorm=False,
                 activation=("swiglu", "geglu"), scale_embeddings=False, embedding_norm=False, n_token_types=None,
                 tied_output_scale=False, output_bias=False, rope_scaling=("none", "linear", "llama3"),
-                tgt_vocab_size=(None, config.vocab_size))
+                tgt_vocab_size=(None, config.vocab_size), ffn="dense")
 
 
-def _llama_like_to_hf(config: ModelConfig, model_type: str, hf_class: str) -> dict[str, Any]:
+def llama_like_to_hf(config: ModelConfig, model_type: str, hf_class: str) -> dict[str, Any]:
     c = config
     act = "silu" if c.activation == "swiglu" else ("gelu_pytorch_tanh" if c.gelu_approximate == "tanh" else "gelu")
     return {"model_type": model_type, "architectures": [hf_class], "vocab_size": c.vocab_size,
@@ -304,14 +323,14 @@ def _llama_like_to_hf(config: ModelConfig, model_type: str, hf_class: str) -> di
 
 # LLaMA ------------------------------------------------------------------------------------------------------------
 def llama_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _llama_like_from_hf(hf, "llama", qkv_bias=False, sliding_window=None)
+    return llama_like_from_hf(hf, "llama", qkv_bias=False, sliding_window=None)
 
 
 def llama_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("llama", mismatches(c, {**_llama_like_wanted(c), "sliding_window": None, "qkv_bias": (None, c.bias)},
+    refuse("llama", mismatches(c, {**llama_like_wanted(c), "sliding_window": None, "qkv_bias": (None, c.bias)},
                                 "LLaMA"))
-    return {**_llama_like_to_hf(c, "llama", "LlamaForCausalLM"), "attention_bias": c.bias, "mlp_bias": c.bias,
+    return {**llama_like_to_hf(c, "llama", "LlamaForCausalLM"), "attention_bias": c.bias, "mlp_bias": c.bias,
             "pretraining_tp": 1}
 
 
@@ -324,14 +343,14 @@ register(Family(name="llama", model_types=("llama",), task="lm", hf_class="Llama
 # Mistral ----------------------------------------------------------------------------------------------------------
 def mistral_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     window = hf.get("sliding_window")
-    return _llama_like_from_hf(hf, "mistral", qkv_bias=False, sliding_window=int(window) if window else None)
+    return llama_like_from_hf(hf, "mistral", qkv_bias=False, sliding_window=int(window) if window else None)
 
 
 def mistral_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("mistral", mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": (None, False)},
+    refuse("mistral", mismatches(c, {**llama_like_wanted(c), "bias": False, "qkv_bias": (None, False)},
                                   "Mistral"))
-    return {**_llama_like_to_hf(c, "mistral", "MistralForCausalLM"), "sliding_window": c.sliding_window}
+    return {**llama_like_to_hf(c, "mistral", "MistralForCausalLM"), "sliding_window": c.sliding_window}
 
 
 register(Family(name="mistral", model_types=("mistral",), task="lm", hf_class="MistralForCausalLM",
@@ -352,14 +371,14 @@ def qwen2_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         refuse("qwen2", [f"layer_types={types}: aiayn applies one sliding window to every layer or to none; set "
                          "use_sliding_window=false or max_window_layers=0"])
     sliding = types and types[0] == "sliding_attention" and window
-    return _llama_like_from_hf(hf, "qwen2", qkv_bias=True, sliding_window=int(window) if sliding else None)
+    return llama_like_from_hf(hf, "qwen2", qkv_bias=True, sliding_window=int(window) if sliding else None)
 
 
 def qwen2_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
     c = config
-    refuse("qwen2", mismatches(c, {**_llama_like_wanted(c), "bias": False, "qkv_bias": True}, "Qwen2"))
+    refuse("qwen2", mismatches(c, {**llama_like_wanted(c), "bias": False, "qkv_bias": True}, "Qwen2"))
     window = c.sliding_window
-    return {**_llama_like_to_hf(c, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
+    return {**llama_like_to_hf(c, "qwen2", "Qwen2ForCausalLM"), "use_sliding_window": window is not None,
             "sliding_window": window, "max_window_layers": 0 if window else c.n_layers,
             "layer_types": ["sliding_attention" if window else "full_attention"] * c.n_layers}
 

@@ -197,4 +197,4 @@ def refuse(family: str, problems: list[str]) -> None:
 
 
 #: the modules that register the built-in families
-BUILTIN_MODULES = ("aiayn.hf.decoders", "aiayn.hf.bert", "aiayn.hf.t5", "aiayn.hf.bart")
+BUILTIN_MODULES = ("aiayn.hf.decoders", "aiayn.hf.mixtral", "aiayn.hf.bert", "aiayn.hf.t5", "aiayn.hf.bart")

@@ -38,6 +38,7 @@ DATA_DEFAULTS: dict[str, Any] = {
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {
     "kind": "char", "vocab_size": 8000, "min_frequency": 2, "split_punctuation": True, "newlines": True,
+    "path": None,
 }
 TOKENIZER_FILE = "tokenizer.json"
 NEWLINE_SYMBOL = "\u2424"  # "␤", SYMBOL FOR NEWLINE
@@ -134,7 +135,8 @@ class LMTask:
         from aiayn.tasks.finetune import announce, finetune_config, finetune_source
 
         source = None if resume_dir is not None else finetune_source(recipe, "lm")
-        symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" else None
+        trained = self.tok_cfg["kind"] != "pretrained"  # a pretrained vocabulary encodes line breaks itself
+        symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" and trained else None
         if resume_dir is not None or source is not None:
             from aiayn.train.checkpoint import checkpoint_file, load_config
 
@@ -143,7 +145,11 @@ class LMTask:
             tok = load_tokenizer(checkpoint_file(directory, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
             self.codec = TextCodec(tok, meta.get("newline_symbol"))
         else:
-            self.codec = TextCodec(self._train_tokenizer(train_docs, symbol), symbol)
+            from aiayn.tasks.vocabulary import pretrained_vocabulary
+
+            pretrained = pretrained_vocabulary(recipe, self.tok_cfg, "lm")
+            self.codec = TextCodec(pretrained if pretrained is not None else self._train_tokenizer(train_docs, symbol),
+                                   symbol)
         tok = self.codec.tokenizer
 
         if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):

@@ -34,7 +34,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "random_prob": 0.1,
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "min_frequency": 2,
-                                      "split_punctuation": True}
+                                      "split_punctuation": True, "path": None}
 TOKENIZER_FILE = "tokenizer.json"
 TABLE_SUFFIXES = (".tsv", ".csv")
 
@@ -120,7 +120,11 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
         return tok, config, init_dir
     section = dict(recipe["model"])
     section.pop("init_from", None)
-    tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))
+    from aiayn.tasks.vocabulary import pretrained_vocabulary
+
+    tok = pretrained_vocabulary(recipe, tok_cfg, task)
+    if tok is None:
+        tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))
     return tok, build_model_config(section, vocab_size=tok.vocab_size, pad_id=tok.pad_id, **forced), None
 
 

@@ -28,7 +28,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "max_tokens_per_side": 128, "policy": "warn", "batch_tokens": 4096, "lowercase": False,
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2,
-                                      "split_punctuation": True, "dropout": 0.0}
+                                      "split_punctuation": True, "dropout": 0.0, "path": None}
 DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 EVAL_DEFAULTS: dict[str, Any] = {"bleu": True, "bleu_sentences": 500, "bleu_beam": 1}
 SRC_TOK, TGT_TOK, JOINT_TOK = "tokenizer.src.json", "tokenizer.tgt.json", "tokenizer.json"
@@ -95,12 +95,15 @@ class TranslationTask:
         # ---- tokenizers: reused from the checkpoint when resuming or starting from init_from (with the model
         # config), trained on the training data otherwise
         from aiayn.tasks.finetune import announce, finetune_config, finetune_source
+        from aiayn.tasks.vocabulary import pretrained_vocabulary
 
         source = None if resume_dir is not None else finetune_source(recipe, "translation")
         if source is not None:
             self.src_tok, self.tgt_tok = load_translation_tokenizers(source[0])
         elif resume_dir is not None:
             self.src_tok, self.tgt_tok = load_translation_tokenizers(resume_dir)
+        elif (pretrained := pretrained_vocabulary(recipe, self.tok_cfg, "translation")) is not None:
+            self.src_tok = self.tgt_tok = pretrained  # one vocabulary for both sides
         elif self.tok_cfg["joint"]:
             tok = self._train_tok(train[0] + train[1])
             self.src_tok = self.tgt_tok = tok

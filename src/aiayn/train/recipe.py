@@ -176,7 +176,8 @@ def _rules() -> dict[str, dict[str, Rule]]:
                  "text_column": _column, "label_column": _column, "max_len": _whole(3),
                  "mlm_prob": _number(0, 1, open_low=True, closed_high=True),
                  "mask_prob": _number(0, 1, closed_high=True), "random_prob": _number(0, 1, closed_high=True)},
-        "tokenizer": {"kind": _choice(*TOKENIZER_KINDS), "vocab_size": _whole(NUM_SPECIAL, "every word seen"),
+        "tokenizer": {"kind": _choice(*TOKENIZER_KINDS, "pretrained"), "path": _path,
+                      "vocab_size": _whole(NUM_SPECIAL, "every word seen"),
                       "joint": _flag,
                       "min_frequency": _whole(1), "split_punctuation": _flag, "dropout": _number(0, 1),
                       "newlines": _flag},
@@ -277,6 +278,10 @@ def recipe_problems(recipe: dict[str, Any], *, resume: bool = False, processes: 
     if tok.get("dropout") and tok.get("kind") != "bpe":
         problems.append(f"[tokenizer] dropout={tok['dropout']!r}: BPE-dropout skips BPE merges, so it needs "
                         f"kind = \"bpe\", not {tok['kind']!r}; set dropout = 0 or kind = \"bpe\"")
+    if "tokenizer" in merged:
+        from aiayn.tasks.vocabulary import pretrained_problems
+
+        problems += pretrained_problems(recipe["tokenizer"])
     problems += _data_problems(recipe, task, merged.get("data", {}))
     problems += _model_problems(recipe, task, merged, resume)
     problems += [f"[train] {p}" for p in TrainConfig.check(recipe["train"])]
