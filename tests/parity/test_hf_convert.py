@@ -11,7 +11,13 @@ family, a corrupt folder and an unreachable Hub name give one clear error each.
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +410,85 @@ def test_mixtral_settings_aiayn_cannot_hold_are_named(tmp_path: Path) -> None:
         FAMILIES["llama"].config_to_hf(moe, {})
     with pytest.raises(AiaynError, match="moe_top_k=1"):
         mixtral.config_to_hf(ModelConfig(**{**moe.to_dict(), "moe_top_k": 1}), {})
+
+
+class _HubHandler(http.server.BaseHTTPRequestHandler):
+    """A local stand-in for the Hugging Face Hub: the model-info API and file downloads of one repository."""
+
+    repo, sha, files = "", "0" * 40, {}  # type: ignore[var-annotated]
+    requests: list[str] = []
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _file(self) -> bytes | None:
+        prefix = f"/{self.repo}/resolve/"
+        path = self.path.split("?")[0]
+        if not path.startswith(prefix):
+            return None
+        name = path[len(prefix):].split("/", 1)[1]
+        return self.files.get(name)
+
+    def _send(self, body: bytes, content_type: str, head: bool, **headers: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _answer(self, head: bool) -> None:
+        type(self).requests.append(f"{self.command} {self.path}")
+        path = self.path.split("?")[0]
+        if path.startswith(f"/api/models/{self.repo}/tree/"):  # the file listing
+            tree = [{"type": "file", "path": f, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for f, b in sorted(self.files.items())]
+            self._send(json.dumps(tree).encode(), "application/json", head)
+            return
+        if path.startswith(f"/api/models/{self.repo}"):  # the model's information
+            info = {"id": self.repo, "sha": self.sha, "siblings": [{"rfilename": f} for f in sorted(self.files)]}
+            self._send(json.dumps(info).encode(), "application/json", head)
+            return
+        body = self._file()
+        if body is None:
+            self.send_error(404)
+            return
+        etag = hashlib.sha256(body).hexdigest()
+        self._send(body, "application/octet-stream", head, **{"X-Repo-Commit": self.sha, "ETag": f'"{etag}"'})
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(head=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(head=True)
+
+
+def test_a_hub_name_downloads_through_huggingface_hub(converted, tmp_path: Path) -> None:
+    """``aiayn convert --from-hf OWNER/NAME`` fetches the folder with huggingface_hub (here from a local server given
+    as HF_ENDPOINT) and converts it as the folder itself; a second conversion reads the local cache offline."""
+    folder = converted["gpt2"][2]
+    _HubHandler.repo, _HubHandler.sha = "tiny-org/tiny-gpt2", "a" * 40
+    _HubHandler.files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    _HubHandler.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HubHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+           "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        cmd = [sys.executable, "-m", "aiayn", "convert", "--from-hf", "tiny-org/tiny-gpt2"]
+        run = subprocess.run([*cmd, "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert any("/resolve/" in r and "model.safetensors" in r for r in _HubHandler.requests)
+    finally:
+        server.shutdown()
+    _same_checkpoint(tmp_path / "out", converted["gpt2"][3])
+    offline = {**env, "HF_HUB_OFFLINE": "1"}  # the server is gone: the cache answers
+    again = subprocess.run([*cmd, "--out", str(tmp_path / "again")], env=offline, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    _same_checkpoint(tmp_path / "again", converted["gpt2"][3])

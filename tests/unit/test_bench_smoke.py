@@ -24,6 +24,7 @@ sys.path.insert(0, str(BENCH))
 pytest.importorskip("transformers")
 import ab_revisions  # noqa: E402
 import benchlib  # noqa: E402
+import converted_gpt2  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
@@ -394,3 +395,14 @@ def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatc
     assert payload["base_env"] == {"AIAYN_ACCEL": "none"} and payload["rows"][0]["same_output"]
 
 
+
+
+def test_converted_gpt2_decodes_what_transformers_decodes(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97, n_positions=64, bos_token_id=96,
+                        eos_token_id=96)
+    row = converted_gpt2.bench_converted(config, prompt_len=5, new_tokens=6, runs=1, folder=tmp_path)
+    assert row["same_tokens"] == 1.0 and row["new_tokens"] == 6
+    assert row["aiayn_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["from_hf_s"] > 0
+    assert (tmp_path / "aiayn" / "model.safetensors").is_file() and (tmp_path / "hf-again" / "config.json").is_file()
