@@ -479,7 +479,7 @@ def test_a_hub_name_downloads_through_huggingface_hub(converted, tmp_path: Path)
            "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.pop("HF_HUB_OFFLINE", None)
     try:
-        cmd = [sys.executable, "-m", "aiayn", "convert", "--from-hf", "tiny-org/tiny-gpt2"]
+        cmd = [sys.executable, "-m", "aiayn.cli.main", "convert", "--from-hf", "tiny-org/tiny-gpt2"]
         run = subprocess.run([*cmd, "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 0, run.stderr

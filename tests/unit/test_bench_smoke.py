@@ -395,8 +395,6 @@ def test_ab_revisions_sets_each_sides_environment(monkeypatch: pytest.MonkeyPatc
     assert payload["base_env"] == {"AIAYN_ACCEL": "none"} and payload["rows"][0]["same_output"]
 
 
-
-
 def test_converted_gpt2_decodes_what_transformers_decodes(tmp_path: Path) -> None:
     from transformers import GPT2Config
 
