@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from aiayn import accel
 from aiayn.config import ModelConfig
+from aiayn.errors import AiaynError
 from aiayn.generate.steppers import LMStepper, Seq2SeqStepper, eval_mode
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.encoder import EncoderModel
@@ -291,7 +292,14 @@ def check_resume(*, steps: int = 12) -> CheckResult:
 
 
 def run_checks(model: nn.Module, *, resume: bool = True, accel_setting: str | None = None) -> list[CheckResult]:
-    """Every check on ``model`` (and, with ``resume``, the tiny resume check), in report order."""
+    """Every check on ``model`` (and, with ``resume``, the tiny resume check), in report order.
+
+    Raises:
+        AiaynError: a model that reads images (the checks feed token ids).
+    """
+    if model.config.input == "patches":
+        raise AiaynError("aiayn check feeds token ids, and this model reads images (input='patches'); its batched == "
+                         "single and accelerated == reference are held by the test suite (tests/unit/test_patches.py)")
     rows = [check_cached(model), check_batched(model)]
     if accel.resolve(accel_setting) == "none":
         rows.append(CheckResult("accelerated == reference", "", skipped="acceleration is off (--accel none)"))

@@ -26,7 +26,11 @@ POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
 INITS = ("paper", "gpt2")
+ATTENTION_BACKENDS = ("auto", "reference", "sdpa", "tiled", "flex")
+ATTENTIONS = ("softmax", "linear")
+ATTENTION_MASKS = ("dense", "block_sparse", "local_global")
 POOLINGS = ("cls", "mean")
+INPUTS = ("tokens", "patches")
 
 
 def type_problem(value: Any, annotation: str) -> str | None:
@@ -112,6 +116,21 @@ class ModelConfig:
         output_bias: a bias on the output layer (BART/Marian ``final_logits_bias``); an encoder's masked-LM head
             always has one (BERT's decoder bias).
 
+    Attention that scales (each default leaves the model as it was):
+        attention_backend: how softmax attention is computed, all equal up to float rounding: "auto" (torch's fused
+            kernel, or the reference where weights are requested), "reference" (explicit softmax), "sdpa" (torch's
+            fused kernel), "tiled" (online softmax by key blocks, memory linear in length: ``nn/tiled_attention.py``),
+            "flex" (torch's FlexAttention, which skips masked blocks: ``nn/flex.py``). "tiled" and "flex" need
+            attn_dropout = 0.
+        attention: "softmax" or "linear" (Katharopoulos et al. 2020: elu(x) + 1 features, a constant-size state per
+            decoding step; no ALiBi/T5 bias, sliding window, sparse mask or soft-capping).
+        attention_mask: "dense" (every allowed key), "block_sparse" (blocks of ``sparse_block`` positions see the
+            ``sparse_local_blocks`` nearest blocks and, with ``sparse_stride``, every stride-th summary block) or
+            "local_global" (a window of ``local_window`` positions, plus the first ``global_tokens`` positions,
+            which see and are seen by every position). Decoders keep the pattern causal.
+        qk_norm: an RMSNorm over each head's queries and keys before RoPE (OLMo 2, Gemma 3, Qwen3).
+        attn_logit_softcap: cap * tanh(scores / cap) on the attention scores (Gemma 2); null is off.
+
     Mixture of experts (``ffn="moe"``; the other fields are read only then):
         ffn: "dense" (one feed-forward network per layer) or "moe" (``n_experts`` of them and a router).
         n_experts: experts per layer, each a feed-forward network of width ``d_ff`` and the model's activation.
@@ -122,6 +141,15 @@ class ModelConfig:
             (Switch). Inference is always dropless.
         moe_aux_loss_weight, moe_z_loss_weight: the weights of the load-balancing loss (Switch) and the router
             z-loss (ST-MoE) that training adds to the task's loss.
+
+    Images (the Vision Transformer, Dosovitskiy et al. 2021; ``input="patches"``, read only then):
+        input: "tokens" (token ids through an embedding table) or "patches": an encoder with a classification
+            head reads images (B, channels, image_size, image_size), cut into (image_size / patch_size)^2 square
+            patches, each flattened and projected to d_model (``nn/patches.py``); ``pooling="cls"`` prepends a
+            learned CLS token. Positions (``position``) then number the patches row by row; ``vocab_size``,
+            ``pad_id`` and ``scale_embeddings`` are not used, and the model has no masked-LM head.
+        image_size, patch_size, channels: the image's side in pixels, a patch's side (dividing image_size) and
+            the colour channels (1 grey, 3 RGB).
     """
 
     arch: str = "encoder-decoder"
@@ -162,6 +190,16 @@ class ModelConfig:
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     sliding_window: int | None = None
+    attention_backend: str = "auto"
+    attention: str = "softmax"
+    attention_mask: str = "dense"
+    sparse_block: int = 64
+    sparse_local_blocks: int = 1
+    sparse_stride: int | None = None
+    local_window: int = 128
+    global_tokens: int = 1
+    qk_norm: bool = False
+    attn_logit_softcap: float | None = None
     bias: bool = True
     qkv_bias: bool | None = None
     scale_embeddings: bool = True
@@ -176,6 +214,10 @@ class ModelConfig:
     n_classes: int | None = None
     n_token_labels: int | None = None
     pooling: str = "cls"
+    input: str = "tokens"
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -198,6 +240,17 @@ class ModelConfig:
     def target_vocab_size(self) -> int:
         """Vocabulary size of the decoder / output layer."""
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def n_patches(self) -> int:
+        """Patches of one image (``input="patches"``): (image_size / patch_size)^2."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def n_input_positions(self) -> int:
+        """Positions an image takes in the encoder (``input="patches"``): its patches, plus the CLS token when
+        ``pooling="cls"``."""
+        return self.n_patches + (self.pooling == "cls")
 
     @property
     def qkv_uses_bias(self) -> bool:
@@ -228,13 +281,17 @@ class ModelConfig:
         choice("sinusoidal_layout", SINUSOIDAL_LAYOUTS)
         choice("rope_scaling", ROPE_SCALINGS)
         choice("init", INITS)
+        choice("attention_backend", ATTENTION_BACKENDS)
+        choice("attention", ATTENTIONS)
+        choice("attention_mask", ATTENTION_MASKS)
         choice("pooling", POOLINGS)
+        choice("input", INPUTS)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "t5_num_buckets",
-                     "t5_max_distance"):
+                     "t5_max_distance", "sparse_block", "sparse_local_blocks", "local_window"):
             if ok(name) and getattr(self, name) < 1:
                 p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
         for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
-                     "n_token_labels", "rope_original_max_len", "n_token_types"):
+                     "n_token_labels", "rope_original_max_len", "n_token_types", "sparse_stride"):
             v = getattr(self, name)
             if ok(name) and v is not None and v < 1:
                 p.append(f"{name}={v!r}: must be a whole number >= 1, or null (left out)")
@@ -300,8 +357,67 @@ class ModelConfig:
         if self.sliding_window is not None and self.arch == "encoder":
             p.append(f"sliding_window={self.sliding_window!r}: applies to causal self-attention; it is not "
                      "supported for arch='encoder'")
+        p.extend(self._attention_problems(ok))
+        p.extend(self._image_problems(ok))
         if ok("pad_id") and (self.pad_id < 0 or (ok("vocab_size") and self.pad_id >= max(self.vocab_size, 1))):
             p.append(f"pad_id={self.pad_id}: must be a valid token id below vocab_size={self.vocab_size}")
+        return p
+
+    def _image_problems(self, ok: Any) -> list[str]:
+        """The problems of an image input (``input="patches"``): sizes, and the model around it."""
+        p = []
+        for name in ("image_size", "patch_size", "channels"):
+            if ok(name) and getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
+        if not ok("input") or self.input != "patches":
+            return p
+        if ok("arch") and self.arch != "encoder":
+            p.append(f"input='patches': images feed an encoder; set arch='encoder' (got {self.arch!r}) or "
+                     "input='tokens'")
+        if ok("n_classes") and self.n_classes is None:
+            p.append("input='patches': an image model classifies; set n_classes (the number of labels)")
+        for name in ("n_token_types", "n_token_labels"):
+            if ok(name) and getattr(self, name) is not None:
+                p.append(f"{name}={getattr(self, name)!r}: applies to token input; set {name}=null with "
+                         "input='patches'")
+        if not ok("image_size", "patch_size", "max_len", "pooling") or min(self.image_size, self.patch_size) < 1:
+            return p
+        if self.image_size % self.patch_size:
+            fits = [d for d in range(1, self.image_size + 1) if self.image_size % d == 0]
+            p.append(f"patch_size={self.patch_size}: does not divide image_size={self.image_size}; choose one of "
+                     f"{', '.join(map(str, fits))}")
+        elif self.max_len < self.n_input_positions:
+            p.append(f"max_len={self.max_len}: an image takes {self.n_input_positions} positions ({self.n_patches} "
+                     f"patches{' + CLS' if self.pooling == 'cls' else ''}); set max_len >= {self.n_input_positions}")
+        return p
+
+    def _attention_problems(self, ok: Any) -> list[str]:
+        """The problems of the attention options (backend, linear attention, sparse masks, soft-capping)."""
+        p = []
+        if ok("global_tokens") and self.global_tokens < 0:
+            p.append(f"global_tokens={self.global_tokens}: must be a whole number >= 0")
+        if ok("attn_logit_softcap") and self.attn_logit_softcap is not None and self.attn_logit_softcap <= 0:
+            p.append(f"attn_logit_softcap={self.attn_logit_softcap}: must be > 0 (Gemma 2 uses 50.0), or null (off)")
+        if ok("attention_backend", "attn_dropout") and self.attention_backend in ("tiled", "flex") and (
+                self.attn_dropout > 0):
+            p.append(f"attention_backend={self.attention_backend!r}: has no attention dropout; set attn_dropout=0 "
+                     "or attention_backend='auto'")
+        if ok("attention_mask", "sliding_window") and self.attention_mask != "dense" and (
+                self.sliding_window is not None):
+            p.append(f"attention_mask={self.attention_mask!r}: already limits each query's keys; set "
+                     "sliding_window=null or attention_mask='dense'")
+        if ok("attention") and self.attention == "linear":
+            kept = {"position": ("alibi", "t5"), "attention_mask": ("block_sparse", "local_global"),
+                    "attention_backend": ("tiled", "flex")}
+            for name, bad in kept.items():
+                if getattr(self, name) in bad:
+                    p.append(f"{name}={getattr(self, name)!r}: attention='linear' has no score matrix to bias, "
+                             f"mask by pattern or compute by another backend; change {name} or set "
+                             "attention='softmax'")
+            for name in ("sliding_window", "attn_logit_softcap"):
+                if getattr(self, name) is not None:
+                    p.append(f"{name}={getattr(self, name)!r}: attention='linear' has no score matrix to limit; "
+                             f"set {name}=null or attention='softmax'")
         return p
 
     @classmethod

@@ -1,8 +1,16 @@
-"""Data-parallel training (``aiayn train --nproc 2``, gloo on CPU) against the single-process trainer:
-2 ranks == 1 process accumulating 2 micro-batches, resume on 2 ranks == uninterrupted, and the errors."""
+"""Data-parallel training under torch's own launcher and engines (``aiayn train --nproc 2``: torch.distributed.run,
+gloo on the CPU) against the single-process trainer: DDP 2 ranks == 1 process accumulating 2 micro-batches, FSDP2
+2 ranks == the same, resume on another number of ranks (2 -> 1, 1 -> 2, 2 -> 4 -> 1) through the sharded
+checkpoint, a killed rank leaving a resumable checkpoint, and the errors."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,12 +20,18 @@ from test_translation import _recipe
 from aiayn.cli.main import main
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
+from aiayn.train.checkpoint import load_training_state, read_state_dict
+from aiayn.train.dcp_checkpoint import export_sharded, has_sharded
 from aiayn.train.metrics_log import read_metrics
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 
 # gloo on the CPU even where a GPU is present (a one-GPU machine cannot host two CUDA ranks)
 QUIET = ["train.eval_every=100", "train.save_every=4", "train.average_last=0", "train.device=cpu"]
+# no dropout: runs differ only in the order of floating-point sums. No biases: a key projection's bias gets a
+# gradient of zero up to rounding, which Adam (eps 1e-9) would turn into updates of full size in either direction
+EXACT = [*QUIET, "model.dropout=0.0", "model.bias=false"]
+FSDP = ["train.parallel=fsdp"]
 
 
 def _losses(run: Path) -> list[float]:
@@ -28,41 +42,151 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_pretrained(checkpoint).model.state_dict()
 
 
-def test_two_ranks_make_the_updates_of_one_process_accumulating_two(tmp_path: Path, corpus_dir: Path) -> None:
-    # without dropout the only difference is the order of floating-point sums in the gradient
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir(), two.mkdir()
-    run_recipe(_recipe(one, corpus_dir), [*QUIET, "model.dropout=0.0", "train.accum=2"])
-    assert main(["train", str(_recipe(two, corpus_dir)), *QUIET, "model.dropout=0.0", "--nproc", "2"]) == 0
-    a, b = _losses(one / "run"), _losses(two / "run")
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _train(folder: Path, corpus: Path, *args: str) -> int:
+    folder.mkdir(exist_ok=True)
+    return main(["train", str(_recipe(folder, corpus)), *args])
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
+    """One process accumulating 2 micro-batches a step, 12 steps: the run every data-parallel run must make."""
+    folder = tmp_path_factory.mktemp("one")
+    run_recipe(_recipe(folder, corpus_dir), [*EXACT, "train.accum=2"])
+    return folder / "run"
+
+
+def test_ddp_on_two_ranks_makes_the_updates_of_one_process_accumulating_two(
+        tmp_path: Path, corpus_dir: Path, accumulated: Path) -> None:
+    assert _train(tmp_path / "two", corpus_dir, *EXACT, "--nproc", "2") == 0
+    run = tmp_path / "two" / "run"
+    a, b = _losses(accumulated), _losses(run)
     assert len(a) == len(b) == 12
-    assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    wa, wb = _weights(one / "run" / "last"), _weights(two / "run" / "last")
-    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    assert b == pytest.approx(a, rel=0, abs=1e-6)
+    assert _max_difference(_weights(accumulated / "last"), _weights(run / "last")) < 1e-6
+    state = load_training_state(run / "last")
+    assert (state["world_size"], state["parallel"], len(state["rng_by_rank"])) == (2, "ddp", 2)
     # and it is not the same as one process without accumulation (the test can tell the runs apart)
     solo = tmp_path / "solo"
     solo.mkdir()
-    run_recipe(_recipe(solo, corpus_dir), [*QUIET, "model.dropout=0.0"])
-    ws = _weights(solo / "run" / "last")
-    assert max(float((wa[k] - ws[k]).abs().max()) for k in wa) > 1e-3
+    run_recipe(_recipe(solo, corpus_dir), EXACT)
+    assert _max_difference(_weights(accumulated / "last"), _weights(solo / "run" / "last")) > 1e-3
 
 
-def test_resume_on_two_ranks_matches_uninterrupted(tmp_path: Path, corpus_dir: Path,
-                                                   capfd: pytest.CaptureFixture) -> None:
+def test_fsdp_on_two_ranks_makes_the_updates_of_one_process_and_its_shards_export(
+        tmp_path: Path, corpus_dir: Path, accumulated: Path) -> None:
+    assert _train(tmp_path / "two", corpus_dir, *EXACT, *FSDP, "--nproc", "2") == 0
+    run = tmp_path / "two" / "run"
+    assert _losses(run) == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
+    reference = _weights(accumulated / "last")
+    assert _max_difference(reference, _weights(run / "last")) < 1e-5
+    last = run / "last"
+    assert has_sharded(last) and sorted(p.name for p in (last / "dcp").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    manifest = json.loads((last / "manifest.json").read_text())
+    assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= manifest["files"].keys()
+    state = load_training_state(last)
+    assert state["sharded"] == "dcp" and state["optimizer"] is None
+    # the shards alone, in this one process, make the ordinary checkpoint of the same weights
+    exported = export_sharded(last, tmp_path / "exported")
+    assert not has_sharded(exported) and (exported / "tokenizer.json").is_file()
+    assert _max_difference(read_state_dict(exported), read_state_dict(last)) == 0.0
+    assert _max_difference(_weights(exported), _weights(last)) == 0.0
+
+
+def test_a_sharded_run_resumes_on_one_rank_and_on_four(tmp_path: Path, corpus_dir: Path, accumulated: Path,
+                                                      capfd: pytest.CaptureFixture) -> None:
+    """2 ranks to step 8, resharded onto 4 ranks (which load and save again), then 1 rank accumulating 2 to step
+    12: the updates of the uninterrupted single process."""
+    folder = tmp_path / "run2"
+    assert _train(folder, corpus_dir, *EXACT, *FSDP, "train.max_steps=8", "--nproc", "2") == 0
+    recipe = str(folder / "r.toml")
+    assert main(["train", recipe, *EXACT, *FSDP, "train.max_steps=8", "--resume", "--nproc", "4"]) == 0
+    assert sorted(p.name for p in (folder / "run" / "last" / "dcp").iterdir())[1:] == [
+        f"__{r}_0.distcp" for r in range(4)]
+    capfd.readouterr()
+    assert main(["train", recipe, *EXACT, *FSDP, "train.accum=2", "--resume"]) == 0
+    said = capfd.readouterr().out
+    assert "processes: 4 -> 1" in said
+    assert _losses(folder / "run") == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
+    assert _max_difference(_weights(accumulated / "last"), _weights(folder / "run" / "last")) < 1e-5
+
+
+def test_a_single_process_run_resumes_sharded_on_two_ranks(tmp_path: Path, corpus_dir: Path,
+                                                           accumulated: Path) -> None:
+    folder = tmp_path / "run1"
+    folder.mkdir()
+    run_recipe(_recipe(folder, corpus_dir), [*EXACT, "train.accum=2", "train.max_steps=8"])
+    assert main(["train", str(folder / "r.toml"), *EXACT, *FSDP, "--resume", "--nproc", "2"]) == 0
+    assert _losses(folder / "run") == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
+    assert _max_difference(_weights(accumulated / "last"), _weights(folder / "run" / "last")) < 1e-5
+
+
+def test_resume_on_two_ranks_matches_uninterrupted_and_another_world_size_continues(
+        tmp_path: Path, corpus_dir: Path, capfd: pytest.CaptureFixture) -> None:
     # with dropout: each rank's RNG state must come back from the checkpoint
     full, part = tmp_path / "full", tmp_path / "part"
-    full.mkdir(), part.mkdir()
-    assert main(["train", str(_recipe(full, corpus_dir)), *QUIET, "--nproc", "2"]) == 0
-    recipe = _recipe(part, corpus_dir)
-    assert main(["train", str(recipe), *QUIET, "train.max_steps=8", "--nproc", "2"]) == 0
-    assert main(["train", str(recipe), *QUIET, "--resume"]) == 2  # another number of processes is refused
-    assert "resume it with --nproc 2" in capfd.readouterr().err
-    assert main(["train", str(recipe), *QUIET, "--resume", "--nproc", "2"]) == 0
+    assert _train(full, corpus_dir, *QUIET, "--nproc", "2") == 0
+    assert _train(part, corpus_dir, *QUIET, "train.max_steps=8", "--nproc", "2") == 0
+    recipe = str(part / "r.toml")
+    assert main(["train", recipe, *QUIET, "--resume", "--nproc", "2"]) == 0
     a, b = _losses(full / "run"), _losses(part / "run")
     assert len(a) == len(b) == 12
     assert a == pytest.approx(b, abs=1e-6)
-    wa, wb = _weights(full / "run" / "last"), _weights(part / "run" / "last")
-    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert _max_difference(_weights(full / "run" / "last"), _weights(part / "run" / "last")) < 1e-6
+    # a changed number of processes continues, and says what it changes
+    capfd.readouterr()
+    assert main(["train", recipe, *QUIET, "train.max_steps=14", "--resume"]) == 0
+    said = capfd.readouterr().out
+    assert "processes: 2 -> 1" in said and "micro-batches per optimizer step: 2 -> 1" in said
+    assert "train.accum=2" in said
+    assert len(_losses(part / "run")) == 14
+
+
+def test_a_rank_killed_mid_run_leaves_the_last_checkpoint_resumable(tmp_path: Path, corpus_dir: Path) -> None:
+    folder = tmp_path / "killed"
+    folder.mkdir()
+    recipe = _recipe(folder, corpus_dir)
+    args = [*EXACT, *FSDP, "train.max_steps=400", "train.save_every=2", "train.eval_every=1000"]
+    launcher = subprocess.Popen([sys.executable, "-m", "aiayn", "train", str(recipe), *args, "--nproc", "2"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (folder / "run" / "last" / "manifest.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert launcher.poll() is None, launcher.stderr.read()
+        time.sleep(0.3)  # into the next steps and saves
+        ranks = _children(launcher.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        assert launcher.wait(timeout=120) != 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    last = folder / "run" / "last"
+    state = load_training_state(last)
+    saved_step = state["step"]
+    assert saved_step >= 2 and saved_step < 400
+    weights = read_state_dict(last)
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values())
+    # on one rank, then sharded again on two
+    assert main(["train", str(recipe), *args, f"train.max_steps={saved_step + 2}", "train.accum=2", "--resume"]) == 0
+    assert main(["train", str(recipe), *args, f"train.max_steps={saved_step + 4}", "--resume", "--nproc", "2"]) == 0
+    assert load_training_state(last)["step"] == saved_step + 4
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of the processes ``pid`` started (the ranks torch.distributed.run launched), in start order."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(x) for x in text]
+    return sorted(found)
 
 
 def test_an_error_in_the_ranks_is_one_clear_message(tmp_path: Path, corpus_dir: Path,

@@ -15,9 +15,11 @@ from aiayn.tasks.translation import build_model_config
 from aiayn.train.recipe import load_recipe, recipe_problems, take
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
-MODULES = {"translation": "translation", "lm": "lm", "mlm": "mlm", "classification": "classification"}
+MODULES = {"translation": "translation", "lm": "lm", "mlm": "mlm", "classification": "classification",
+           "image_classification": "image_classification"}
 FORCED = {"translation": {"arch": "encoder-decoder"}, "lm": {"arch": "decoder"}, "mlm": {"arch": "encoder"},
-          "classification": {"arch": "encoder", "n_classes": 2}}
+          "classification": {"arch": "encoder", "n_classes": 2},
+          "image_classification": {"arch": "encoder", "input": "patches", "n_classes": 10}}
 
 
 def test_there_are_recipes() -> None:

@@ -10,8 +10,9 @@ the reference for everything else. One switch chooses: the ``accel`` argument, e
 variable, else ``"auto"``:
 
 - ``"none"``: the reference core only;
-- ``"auto"``: the accelerator for the model's device where there is one (today the CPU's, :mod:`aiayn.accel.cpu`;
-  on CUDA the core's torch kernels are already the fast path).
+- ``"auto"``: the accelerator for the model's device: the CPU's (:mod:`aiayn.accel.cpu`), or on CUDA, for decoding,
+  a static KV cache and a decoding step compiled into CUDA graphs (:mod:`aiayn.accel.cuda`; CUDA training takes the
+  core's torch kernels, already its fast path).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
         model: an aiayn model (:func:`aiayn.build_model`), on its final device and dtype.
         purpose: "train" (substitutes what speeds up training steps and keeps their results up to float rounding) or
             "decode" (also the weight layouts and fast steps of decoding; call it after the model is in eval mode).
+            On CUDA only "decode" substitutes anything (:func:`aiayn.accel.cuda.for_decoding`).
         accel: "none" or "auto" (see :func:`resolve`).
     """
     if purpose not in PURPOSES:
@@ -56,6 +58,12 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
     if resolve(accel) == "none":
         return model
     param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        if purpose == "train":  # the core's torch kernels are training's fast path on CUDA
+            return model
+        from aiayn.accel import cuda
+
+        return cuda.for_decoding(model)
     if param is None or param.device.type != "cpu":
         return model
     from aiayn.accel import cpu

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiayn.errors import AiaynError
 
@@ -67,6 +68,26 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                         "native bf16 (AVX512-BF16/AMX) and on GPUs, outputs close to fp32's; float16: CUDA only")
 
 
+def _add_attention_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--attention OUT.json``: the attention weights of the output, as ``aiayn inspect`` records them."""
+    p.add_argument("--attention", metavar="OUT.json",
+                   help=f"also write the attention weights of {what} (every layer and head, read in one pass over "
+                        "the output; docs/inspect.md) to this JSON file")
+
+
+def write_attention(path: str, pre: Any, texts: list[str], **options: Any) -> None:
+    """Write ``{"records": [...]}`` to ``path``: one full-precision inspection record per text (None for a blank
+    one; :func:`aiayn.inspect.inspect_text`)."""
+    import json
+
+    from aiayn.data.text_io import atomic_write_text
+    from aiayn.inspect import inspect_text
+
+    records = [inspect_text(pre, t, digits=None, **options) if t.strip() else None for t in texts]
+    atomic_write_text(path, json.dumps({"records": records}))
+    print(f"wrote the attention of {sum(r is not None for r in records)} input(s) to {path}", file=sys.stderr)
+
+
 def _add_ensemble_checkpoint_arg(p: argparse.ArgumentParser) -> None:
     """``--checkpoint DIR``, repeatable: several checkpoints decode as an ensemble (see :func:`_load_ensemble`)."""
     p.add_argument("--checkpoint", required=True, action="append",
@@ -114,9 +135,11 @@ def _train(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="overrides such as train.max_steps=200 model.d_model=256")
     p.add_argument("--resume", action="store_true", help="continue the run in train.out_dir from its last/ checkpoint")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel training on N processes of this machine (CPU: the cores are shared out; "
-                        "CUDA: one GPU each); each optimizer step then takes N x train.accum batches, as one "
-                        "process with train.accum multiplied by N would (default 1). Multi-machine runs: torchrun")
+                   help="data-parallel training on N processes of this machine, launched by torch.distributed.run "
+                        "(CPU: gloo, the cores shared out; CUDA: NCCL, one GPU each; train.parallel picks ddp or "
+                        "fsdp); each optimizer step then takes N x train.accum batches, as one process with "
+                        "train.accum multiplied by N would (default 1). Several machines: torchrun -m aiayn train "
+                        "(docs/distributed.md)")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.registry import run_recipe
@@ -128,7 +151,8 @@ def _train(p: argparse.ArgumentParser) -> None:
             raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
         from aiayn.train.distributed import launch
 
-        launch(run_recipe, args.nproc, args.recipe, args.overrides, resume=args.resume)
+        # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS)
+        launch(args.nproc, ["train", args.recipe, *args.overrides, *(["--resume"] if args.resume else [])])
         return 0
 
     p.set_defaults(run=run)
@@ -145,6 +169,7 @@ def _translate(p: argparse.ArgumentParser) -> None:
     _add_decode_args(p)
     p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
     _add_on_long_arg(p, "translate its first max_len tokens")
+    _add_attention_arg(p, "each line's translation")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -152,9 +177,15 @@ def _translate(p: argparse.ArgumentParser) -> None:
         if loaded[0].task != "translation":
             raise AiaynError(f"{args.checkpoint[0]}: a {loaded[0].task!r} checkpoint; translate needs a translation "
                              "model")
-        outs = _translate_lines(loaded, args, _read_input(args.input), n_best=args.n_best, source=args.input)
+        if args.attention and len(loaded) > 1:
+            raise AiaynError("--attention reads one model's attention; give one --checkpoint")
+        lines = _read_input(args.input)
+        outs = _translate_lines(loaded, args, lines, n_best=args.n_best, source=args.input)
         text = [o if isinstance(o, str) else " ||| ".join(o) for o in outs]
         _write_output(args.output, text)
+        if args.attention:
+            lower = [x.lower() for x in lines] if loaded[0].meta.get("lowercase") else lines
+            write_attention(args.attention, loaded[0], lower, beam=args.beam)
         return 0
 
     p.set_defaults(run=run)
@@ -230,12 +261,15 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 @command("evaluate", "Score a checkpoint on a file: sacreBLEU/chrF (translation; --src/--ref; source lines too long "
                      "for the model or mostly unknown to the tokenizer are named on stderr, as by translate), "
                      "perplexity and bits per character (lm; --data; strided windows, --batch-size of them per forward "
-                     "pass, a progress bar on stderr), accuracy/P/R/F1/confusion matrix (classification; --data).")
+                     "pass, a progress bar on stderr), accuracy/P/R/F1/confusion matrix (classification and image "
+                     "classification; --data).")
 def _evaluate(p: argparse.ArgumentParser) -> None:
     _add_ensemble_checkpoint_arg(p)
     p.add_argument("--src", help="source file (translation)")
     p.add_argument("--ref", help="reference file (translation)")
-    p.add_argument("--data", help="text file or folder (lm), or label<TAB>text TSV/CSV (classification)")
+    p.add_argument("--data", help="text file or folder (lm), label<TAB>text TSV/CSV (classification), or a "
+                                  "folder of class-named image subfolders or sklearn-digits (image classification: "
+                                  "the checkpoint's held-out digits)")
     p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
     p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
@@ -248,7 +282,7 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
         pre = loaded[0]
         if pre.task == "translation":
             return _evaluate_translation(loaded, args)
-        if pre.task not in ("lm", "classification"):
+        if pre.task not in ("lm", "classification", "image_classification"):
             raise AiaynError(f"{args.checkpoint[0]}: evaluation of {pre.task!r} checkpoints is not supported")
         if len(loaded) > 1:
             raise AiaynError(f"ensembles are evaluated for translation only; give one --checkpoint for a {pre.task} "
@@ -262,6 +296,11 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
         if pre.task == "lm":
             result = evaluate_lm(pre, args.data, context=args.context, stride=args.stride,
                                  batch_size=args.batch_size, progress=True)
+        elif pre.task == "image_classification":
+            from aiayn.tasks.image_classification import evaluate_images
+
+            result = evaluate_images(pre, args.data, batch_size=args.batch_size)
+            print(result.pop("confusion_text", ""))
         else:
             result = evaluate_classifier(pre, args.data, batch_size=args.batch_size)
             print(result.pop("confusion_text", ""))

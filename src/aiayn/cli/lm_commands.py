@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.cli.commands import _add_load_args, _add_on_long_arg, _load, _read_input, _warn, command
+from aiayn.cli.commands import (
+    _add_attention_arg,
+    _add_load_args,
+    _add_on_long_arg,
+    _load,
+    _read_input,
+    _warn,
+    command,
+    write_attention,
+)
 from aiayn.errors import AiaynError
 
 
@@ -30,6 +39,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
     _add_on_long_arg(p, "generate from the prompt's last block_size // 2 tokens")
+    _add_attention_arg(p, "each prompt and its continuation")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -76,11 +86,14 @@ def _generate(p: argparse.ArgumentParser) -> None:
                              prefix_lm=args.prefix_lm, on_text=on_text)
         if single:
             sys.stdout.write("\n")
-            return 0
-        for i, (prompt, out) in enumerate(zip(prompts, outs)):
-            if i:
-                print("-" * 40)
-            print(prompt + out)
+        else:
+            for i, (prompt, out) in enumerate(zip(prompts, outs)):
+                if i:
+                    print("-" * 40)
+                print(prompt + out)
+        if args.attention:
+            sys.stdout.flush()
+            write_attention(args.attention, pre, [prompt + out for prompt, out in zip(prompts, outs)])
         return 0
 
     p.set_defaults(run=run)
@@ -99,10 +112,12 @@ def _read_prompt_file(path: str) -> str:
                      "label by its name when the checkpoint has names ([data] label_names), else as in the training "
                      "file. A blank line gives a blank line; a text longer than the model takes is cut and named on "
                      "stderr (--on-long), and so is a text more than one in ten of whose tokens the tokenizer does "
-                     "not know.")
+                     "not know. With an image checkpoint, each line is an image file (PNG or .npy; -i IMAGE.png "
+                     "classifies one), a square image of another size is resized.")
 def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
-    p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin")
+    p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin. Image "
+                                         "checkpoints: a file of image paths, one per line, or one .png/.npy image")
     p.add_argument("--batch-size", type=int, default=128, help="texts per forward pass (default 128)")
     _add_on_long_arg(p, "classify its first max_len - 1 tokens")
     _add_load_args(p)
@@ -113,6 +128,12 @@ def _classify(p: argparse.ArgumentParser) -> None:
         from aiayn.tasks.classification import display_labels, predict_proba
 
         pre = _load(args)
+        if pre.task == "image_classification":
+            from aiayn.tasks.image_classification import classify_files
+
+            for line in classify_files(pre, args.input, args.batch_size):
+                print(line)
+            return 0
         if pre.task != "classification" or "labels" not in pre.meta:
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; classify needs a classification "
                              "model (e.g. trained from recipes/sst2-scratch.toml)")

@@ -84,6 +84,9 @@ def run_translation_demo(out_dir: str = "runs/demo", seed: int = 1, max_steps: i
     print(f"pictures: {picture} and {out / 'learning_curve.png'}")
     print("translate your own sentence (vocabulary and grammar: aiayn/data/synthetic.py):\n"
           f'  echo "the teacher sees the dog" | .venv/bin/aiayn translate --checkpoint {out / "best"}')
+    print("and look inside the model: the attention explorer, in your browser at http://127.0.0.1:8000/ (or --html "
+          "FILE for an offline page):\n"
+          f'  .venv/bin/aiayn inspect --checkpoint {out / "best"} --text "{DEMO_SENTENCES[0]}"')
     losses = [r["train_loss"] for r in result.history if "train_loss" in r]
     return {"exact_match": exact, "bleu": bleu.score, "minutes": minutes, "steps": result.steps,
             "max_steps": max_steps, "train_minutes": result.wall_seconds / 60,

@@ -97,7 +97,7 @@ def evaluate_classifier(pretrained: Pretrained, path: str | Path, batch_size: in
         shown by their names when the checkpoint has them (``label_names``).
     """
     from aiayn.data.classification import load_labeled_text
-    from aiayn.tasks.classification import display_labels, predict_proba
+    from aiayn.tasks.classification import predict_proba
 
     if pretrained.task != "classification" or "labels" not in pretrained.meta:
         raise AiaynError(f"a {pretrained.task!r} checkpoint; this evaluation needs a classification model")
@@ -105,8 +105,16 @@ def evaluate_classifier(pretrained: Pretrained, path: str | Path, batch_size: in
     data = load_labeled_text(path, label_names=labels)
     max_len = pretrained.meta.get("max_len", pretrained.config.max_len)
     probs = predict_proba(pretrained.model, pretrained.tokenizers["text"], data.texts, max_len, batch_size)
+    return classification_report(pretrained, probs, data.labels)
+
+
+def classification_report(pretrained: Pretrained, probs: torch.Tensor, gold: list[int]) -> dict[str, Any]:
+    """The keys of :func:`evaluate_classifier` from a classifier's probabilities (N, C) and the gold class ids (N,)
+    (an index into the checkpoint's ``labels``)."""
+    from aiayn.tasks.classification import display_labels
+
+    labels = list(pretrained.meta["labels"])
     pred = probs.argmax(-1).tolist()
-    gold = data.labels
     report = precision_recall_f1(gold, pred, list(range(len(labels))))
     matrix = confusion_matrix(gold, pred, list(range(len(labels))))
     p_gold = probs[torch.arange(len(gold)), torch.tensor(gold)].clamp_min(1e-12)

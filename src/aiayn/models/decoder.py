@@ -26,7 +26,7 @@ class DecoderModel(nn.Module):
 
     def new_cache(self, capacity: int) -> DecoderCache:
         """An empty KV cache for up to ``capacity`` positions (it grows if exceeded)."""
-        return DecoderCache(self.config.n_layers, capacity)
+        return self.decoder.new_cache(capacity)
 
     def forward(
         self,

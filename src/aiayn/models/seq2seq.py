@@ -49,7 +49,7 @@ class EncoderDecoderModel(nn.Module):
 
     def new_cache(self, capacity: int) -> DecoderCache:
         """An empty decoder cache (self-attention keys/values and projected memory) for ``capacity`` steps."""
-        return DecoderCache(self.config.n_layers, capacity, cross=True)
+        return self.decoder.new_cache(capacity)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_is_token: Tensor, *,
                cache: DecoderCache | None = None, return_weights: bool = False,

@@ -15,26 +15,30 @@ from aiayn.config import ModelConfig
 from aiayn.nn import masks as M
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import TransformerLayer
+from aiayn.nn.linear_attention import LinearDecoderCache
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, SinusoidalPositions, T5RelativeBias
+from aiayn.nn.rolling_cache import RollingDecoderCache
 
 
 class TransformerStack(nn.Module):
     """Embeddings + positions + N layers (+ final norm for pre-LN).
 
     The input of the layers is ``Dropout(Norm(embed(ids) * embed_scale + token_type_embed(types) + positions))``, the
-    token types and the norm where the config has them (``n_token_types``, ``embedding_norm``).
+    token types and the norm where the config has them (``n_token_types``, ``embedding_norm``). Input embeddings made
+    elsewhere (an image's patches, :mod:`aiayn.nn.patches`) take the place of ``embed(ids) * embed_scale``.
 
     Args:
         config: the model config.
         n_layers: number of layers.
-        embedding: token embedding (V, D), possibly shared with another stack or the output layer.
+        embedding: token embedding (V, D), possibly shared with another stack or the output layer; None for a
+            stack that is always given its input embeddings (``embeds``).
         causal: causal self-attention (decoders).
         cross: layers attend to an encoder memory.
         alpha: DeepNorm residual scale.
     """
 
-    def __init__(self, config: ModelConfig, n_layers: int, embedding: nn.Embedding, *, causal: bool,
+    def __init__(self, config: ModelConfig, n_layers: int, embedding: nn.Embedding | None, *, causal: bool,
                  cross: bool = False, alpha: float = 1.0) -> None:
         super().__init__()
         c = config
@@ -62,7 +66,7 @@ class TransformerStack(nn.Module):
 
     def forward(
         self,
-        ids: Tensor,
+        ids: Tensor | None,
         *,
         is_token: Tensor | None = None,
         positions: Tensor | None = None,
@@ -72,6 +76,7 @@ class TransformerStack(nn.Module):
         cache: DecoderCache | None = None,
         return_weights: bool = False,
         token_type_ids: Tensor | None = None,
+        embeds: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
         """Run the stack.
 
@@ -87,12 +92,14 @@ class TransformerStack(nn.Module):
             cache: a :class:`DecoderCache` for incremental decoding (causal stacks).
             return_weights: collect per-layer attention weights.
             token_type_ids: (B|1, T) long token types (stacks with ``n_token_types``); default all 0.
+            embeds: (B, T, D) input embeddings used instead of ``embed(ids) * embed_scale`` (``ids`` is then None):
+                an image's patches. Without ``is_token`` they have no padding.
         Returns:
             hidden (B, T, D) and, if requested, {"self": [L x (B, H, T, S)], "cross": [...]}.
         """
         x, mask, bias, rotary, is_causal, memory_mask = self.prepare(
             ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory_is_token=memory_is_token,
-            cache=cache, token_type_ids=token_type_ids)
+            cache=cache, token_type_ids=token_type_ids, embeds=embeds)
         weights: dict[str, list[Tensor]] | None = {"self": [], "cross": []} if return_weights else None
         for i, layer in enumerate(self.layers):
             x, w_self, w_cross = layer(
@@ -107,6 +114,29 @@ class TransformerStack(nn.Module):
                     weights["cross"].append(w_cross)
         return self.final_norm(x), weights
 
+    def new_cache(self, capacity: int) -> DecoderCache:
+        """An empty cache for decoding with this (causal) stack, up to ``capacity`` positions (it grows if exceeded):
+        a constant-size state per layer for linear attention; for a sliding window smaller than ``capacity``, a
+        rolling cache of ``sliding_window`` positions per layer; else the full KV cache."""
+        c = self.config
+        if c.attention == "linear":
+            return LinearDecoderCache(len(self.layers), cross=self.cross)
+        if c.sliding_window is not None and capacity > c.sliding_window:
+            return RollingDecoderCache(len(self.layers), c.sliding_window, cross=self.cross)
+        return DecoderCache(len(self.layers), capacity, cross=self.cross)
+
+    def pattern_mask(self, t: int, s: int, device: torch.device) -> Tensor | None:
+        """The config's sparse attention pattern (``attention_mask``) for T queries at the end of S keys, (T, S) bool;
+        None for "dense". Causal in a causal stack."""
+        c = self.config
+        if c.attention_mask == "block_sparse":
+            return M.block_sparse_mask(t, c.sparse_block, c.sparse_local_blocks, c.sparse_stride, causal=self.causal,
+                                       device=device, s=s)
+        if c.attention_mask == "local_global":
+            return M.local_global_mask(t, c.local_window, list(range(min(c.global_tokens, s))), causal=self.causal,
+                                       device=device, s=s)
+        return None
+
     def project_memory(self, memory: Tensor, cache: DecoderCache) -> None:
         """Fill every layer's cross-attention cache with the projected encoder memory (B, S_src, D), as the first
         step through :meth:`forward` does; a decoding step then needs only the memory's padding flags."""
@@ -115,7 +145,7 @@ class TransformerStack(nn.Module):
 
     def prepare(
         self,
-        ids: Tensor,
+        ids: Tensor | None,
         *,
         is_token: Tensor | None = None,
         positions: Tensor | None = None,
@@ -123,6 +153,7 @@ class TransformerStack(nn.Module):
         memory_is_token: Tensor | None = None,
         cache: DecoderCache | None = None,
         token_type_ids: Tensor | None = None,
+        embeds: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
         """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
         records the new positions in it. The one place where embeddings, positions and masks are made: the
@@ -133,7 +164,8 @@ class TransformerStack(nn.Module):
             None; the additive position bias (ALiBi, T5) or None; RoPE's (cos, sin) or None; whether
             self-attention is causal through the fast path (no mask); the cross-attention mask or None.
         """
-        b, t = ids.shape
+        b, t = ids.shape if embeds is None else embeds.shape[:2]
+        device = (ids if embeds is None else embeds).device
         c = self.config
         if token_type_ids is not None and self.token_type_embed is None:
             raise ValueError("token_type_ids given, but this model has no token types (config.n_token_types is not "
@@ -141,8 +173,8 @@ class TransformerStack(nn.Module):
         start = cache.length if cache is not None else 0
         default_positions = positions is None  # start .. start + t - 1, known on the host
         if default_positions:
-            positions = torch.arange(start, start + t, device=ids.device)[None]  # (1, T)
-        if is_token is None and not self.causal:
+            positions = torch.arange(start, start + t, device=device)[None]  # (1, T)
+        if is_token is None and not self.causal and embeds is None:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
         padded = is_token is not None and not bool(is_token.all())  # no host sync when is_token is None
@@ -151,17 +183,23 @@ class TransformerStack(nn.Module):
                                                    default=default_positions)
             padded = cache.padded
         s = cache.length if cache is not None else t
+        rolling = isinstance(cache, RollingDecoderCache)  # its keys: the window's slots, then the new positions
 
-        # ---- self-attention mask: causal / window / padding / extra, as one bool mask or the causal fast path
+        # ---- self-attention mask: causal / window / pattern / padding / extra: one bool mask, or the causal fast path
         mask = attn_mask
         if padded:
             mask = M.combine(mask, M.padding_mask(key_is_token))
-        if self.causal and c.sliding_window is not None and s > c.sliding_window:
-            mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=ids.device))
-        is_causal = self.causal and t > 1 and attn_mask is None  # an explicit attn_mask encodes causality
+        if rolling:
+            mask = M.combine(mask, cache.window_mask(t))  # causal too
+        elif self.causal and c.sliding_window is not None and s > c.sliding_window:
+            mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=device))
+        if c.attention_mask != "dense":
+            mask = M.combine(mask, self.pattern_mask(t, s, device))
+        # an explicit attn_mask encodes causality, and a rolling cache's window mask does
+        is_causal = self.causal and t > 1 and attn_mask is None and not rolling
         bias = None
         if self.pos_bias is not None:  # a cache that stores no ids makes them here
-            bias = self.pos_bias(positions, key_pos if key_pos is not None else cache.key_positions(b, ids.device))
+            bias = self.pos_bias(positions, key_pos if key_pos is not None else cache.key_positions(b, device))
         if cache is not None and cache.cross_attn and cache.memory_mask_ready:
             memory_mask = cache.memory_mask  # computed once per source batch, not at every step
         else:
@@ -170,7 +208,7 @@ class TransformerStack(nn.Module):
             if cache is not None and cache.cross_attn:
                 cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
-        x = self.embed(ids) * self.embed_scale  # (B, T, D)
+        x = self.embed(ids) * self.embed_scale if embeds is None else embeds  # (B, T, D)
         if self.token_type_embed is not None:
             if token_type_ids is not None:
                 tte = self.token_type_embed(token_type_ids)  # (B|1, T, D)

@@ -16,9 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
+from aiayn.nn.linear_attention import LinearAttnState, attend_linear, linear_attention_weights
+from aiayn.nn.norms import RMSNorm
 from aiayn.nn.positions import apply_rotary
+from aiayn.nn.rolling_cache import RollingAttnCache
 
-BACKENDS = ("auto", "reference", "sdpa")
+BACKENDS = ("auto", "reference", "sdpa", "tiled", "flex")
 
 #: (q, k, v, mask, bias, dropout_p, is_causal, scale) -> out: a fused attention kernel, see :func:`fused_attention`
 AttentionKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, float, bool, float], Tensor]
@@ -44,6 +47,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
     kernel: AttentionKernel | None = None,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v.
 
@@ -54,14 +58,16 @@ def scaled_dot_product_attention(
             yields zeros (and zero weights), never NaN.
         bias: float, broadcastable to (B, H, T, S), added to the scores (ALiBi, T5).
         dropout_p: dropout on the attention weights (pass 0.0 at evaluation).
-        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel), or "auto"
-            (sdpa unless weights are requested).
+        backend: "reference" (explicit softmax; can return weights), "sdpa" (torch's fused kernel), "auto"
+            (sdpa unless weights are requested or the scores are capped), "tiled" (online softmax by key blocks,
+            :mod:`aiayn.nn.tiled_attention`) or "flex" (torch's FlexAttention, :mod:`aiayn.nn.flex`).
         return_weights: also return the (B, H, T, S) attention weights (forces the reference backend).
         is_causal: apply a causal mask with queries aligned to the end of the keys (T <= S), in addition
             to ``mask``; lets sdpa use its fast causal path when there is no other mask.
         scale: score scale, default 1/sqrt(Dh).
         kernel: the fused kernel for the "sdpa" backend (default :func:`fused_attention`); an accelerator passes
             its own. It gets key/value heads already expanded to H and masks with no empty row.
+        softcap: ``cap * tanh(scores / cap)`` on the scaled, biased scores before masking (Gemma 2); None is off.
     Returns:
         out (B, H, T, Dh) and weights (B, H, T, S) or None.
     """
@@ -69,8 +75,10 @@ def scaled_dot_product_attention(
         raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
     n_heads, t, s = q.shape[1], q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if is_causal and (mask is not None or bias is not None or t != s or return_weights
-                      or backend == "reference"):
+    if return_weights or backend == "reference" or (softcap is not None and backend in ("auto", "sdpa")):
+        backend = "reference"  # torch's fused kernel neither returns weights nor caps scores
+    blockwise = backend in ("tiled", "flex")  # these mask causally by index, without a (T, S) mask
+    if is_causal and not blockwise and (mask is not None or bias is not None or t != s or backend == "reference"):
         from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
 
         causal = causal_mask(t, s, device=q.device)
@@ -85,25 +93,74 @@ def scaled_dot_product_attention(
         mask = mask | empty_rows
     k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
 
-    if return_weights or backend == "reference":
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
-        if bias is not None:
-            scores = scores + bias
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-        if mask is not None:
-            weights = weights * mask  # masked weights are exactly 0
-        if empty_rows is not None:
-            weights = weights.masked_fill(empty_rows, 0.0)
+    if backend == "reference":
+        weights = _softmax_weights(q, k, mask, bias, scale, softcap, empty_rows)  # (B, H, T, S)
         dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
         out = torch.matmul(dropped, v)  # (B, H, T, Dh)
         return out, (weights if return_weights else None)
 
-    out = (kernel or fused_attention)(q, k, v, mask, bias, dropout_p, is_causal, scale)
+    if blockwise:
+        if dropout_p > 0:
+            raise ValueError(f"backend={backend!r} has no attention dropout: pass dropout_p=0.0")
+        if backend == "tiled":
+            from aiayn.nn.tiled_attention import tiled_attention  # local: loaded only when chosen
+            out = tiled_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)
+        else:
+            from aiayn.nn.flex import flex_attention  # local: loaded only when chosen
+            out = flex_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)
+    else:
+        out = (kernel or fused_attention)(q, k, v, mask, bias, dropout_p, is_causal, scale)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, None
+
+
+def _softmax_weights(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float,
+                     softcap: float | None, empty_rows: Tensor | None) -> Tensor:
+    """The reference's weights: q (B, H, T, Dh), k (B, H, S, Dh) with heads expanded, ``mask`` with no empty row
+    (``empty_rows`` marks the rows that had none) -> (B, H, T, S)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    if mask is not None:
+        weights = weights * mask  # masked weights are exactly 0
+    if empty_rows is not None:
+        weights = weights.masked_fill(empty_rows, 0.0)
+    return weights
+
+
+def _with_causal(mask: Tensor | None, is_causal: bool, t: int, s: int, device: torch.device) -> Tensor | None:
+    """``mask`` and, if ``is_causal``, the causal mask of T queries at the end of S keys (None: no mask at all)."""
+    if not is_causal:
+        return mask
+    from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
+
+    causal = causal_mask(t, s, device=device)
+    return causal if mask is None else mask & causal
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, *,
+                      is_causal: bool = False, scale: float | None = None,
+                      softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T * scale + bias, masked) alone: the weights :func:`scaled_dot_product_attention`'s reference
+    backend computes from the same arguments, bit for bit. What an output computed by a fused kernel attended to.
+
+    Args:
+        q: (B, H, T, Dh); k: (B, Hkv, S, Dh); mask, bias, is_causal, scale, softcap: as there.
+    Returns:
+        weights (B, H, T, S) (a row with no allowed key is all 0), and the mask applied (bool broadcastable to
+        (B, H, T, S), causality included; None where every key was allowed).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    mask = _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+    empty_rows = None if mask is None else ~mask.any(dim=-1, keepdim=True)
+    full = None if mask is None else mask | empty_rows
+    return _softmax_weights(q, _expand_kv(k, q.shape[1]), full, bias, scale, softcap, empty_rows), mask
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
@@ -156,16 +213,26 @@ class MultiHeadAttention(nn.Module):
             bias).
         dropout: dropout on attention weights.
         scale: score scale (default 1/sqrt(Dh); T5 uses 1.0).
+        kind: "softmax" or "linear" (:mod:`aiayn.nn.linear_attention`; it has no dropout, bias or soft-capping).
+        qk_norm: an RMSNorm (eps ``norm_eps``) over each head's queries and keys, before RoPE.
+        softcap: ``cap * tanh(scores / cap)`` on the attention scores (Gemma 2), or None.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, cross: bool = False,
                  bias: bool = True, dropout: float = 0.0, head_dim: int | None = None,
-                 scale: float | None = None, qkv_bias: bool | None = None) -> None:
+                 scale: float | None = None, qkv_bias: bool | None = None, kind: str = "softmax",
+                 qk_norm: bool = False, norm_eps: float = 1e-6, softcap: float | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads or n_heads
         self.head_dim = head_dim or d_model // n_heads
         self.cross, self.dropout, self.scale = cross, dropout, scale
         self.backend = "auto"
+        #: while set (aiayn.inspect.capture_attention), each forward pass calls recorder(weights, mask, bias) with its
+        #: attention weights (B, H, T, S), recomputed by :func:`attention_weights` from the pass's own q and k
+        self.recorder: Callable[[Tensor, Tensor | None, Tensor | None], None] | None = None
+        self.kind, self.softcap = kind, softcap
+        self.q_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         in_bias = bias if qkv_bias is None else qkv_bias
         if cross:
@@ -184,7 +251,8 @@ class MultiHeadAttention(nn.Module):
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of encoder memory (B, S, D): each (B, Hkv, S, Dh), one fused product."""
         k, v = self.kv_proj(memory).split(self.n_kv_heads * self.head_dim, dim=-1)  # (B, S, Hkv*Dh) each
-        return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        k = self._heads(k, self.n_kv_heads)
+        return (self.k_norm(k) if self.k_norm is not None else k), self._heads(v, self.n_kv_heads)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
                return_weights: bool) -> tuple[Tensor, Tensor | None]:
@@ -192,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         training), backend and scale. Shapes as there: q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh)."""
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-            return_weights=return_weights, is_causal=is_causal, scale=self.scale)
+            return_weights=return_weights, is_causal=is_causal, scale=self.scale, softcap=self.softcap)
 
     def forward(
         self,
@@ -229,6 +297,7 @@ class MultiHeadAttention(nn.Module):
         hq, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
         if self.cross:
             q = self._heads(self.q_proj(x), hq)
+            q = self.q_norm(q) if self.q_norm is not None else q
             if isinstance(cache, CrossAttnCache) and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
@@ -240,17 +309,38 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = self.qkv_proj(x).split([hq * dh, hkv * dh, hkv * dh], dim=-1)
             q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None:
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-            if isinstance(cache, SelfAttnCache):
-                k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far
+            if isinstance(cache, (SelfAttnCache, RollingAttnCache)):
+                k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far (a rolling cache: the window)
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
             q = fold_queries(q, group)
-        out, weights = self.attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
+        recorder = self.recorder
+        if self.kind == "linear":
+            state = cache if isinstance(cache, LinearAttnState) else None
+            out, weights = attend_linear(q, k, v, mask=mask, is_causal=is_causal, state=state,
+                                         return_weights=return_weights)
+            if recorder is not None:  # a decoding state keeps no keys: nothing to record then
+                applied = _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+                recorded = (None if state is not None else weights if weights is not None
+                            else linear_attention_weights(q, k, mask, is_causal))
+        else:
+            out, weights = self.attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                                       return_weights=return_weights)
+            if recorder is not None:  # the output's own q and k; the kernel that made the output is unchanged
+                recorded, applied = attention_weights(q, k, mask, bias, is_causal=is_causal, scale=self.scale,
+                                                      softcap=self.softcap)
         if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)
             out = unfold_queries(out, group, t)
             weights = unfold_queries(weights, group, t) if weights is not None else None
+        if recorder is not None and recorded is not None:
+            if group > 1:  # (B/g, H, g*T, S) -> (B, H, T, S), the mask expanded to that shape first
+                applied = None if applied is None else unfold_queries(applied.expand(recorded.shape), group, t)
+                recorded = unfold_queries(recorded, group, t)
+            recorder(recorded, applied, bias)
         # (B, H, T, Dh) -> (B, T, H*Dh); with T = 1 both orders are the same, so no transpose
         out = out.reshape(b, 1, hq * dh) if t == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
         return self.out_proj(out), weights

@@ -58,13 +58,14 @@ class TransformerLayer(nn.Module):
         super().__init__()
         c = config
         scale = 1.0 if c.position == "t5" else None  # T5 folds 1/sqrt(Dh) into its initialization
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, bias=c.bias, qkv_bias=c.qkv_uses_bias,
-                                            dropout=c.attn_dropout, head_dim=c.head_dim, scale=scale)
+        attn = dict(bias=c.bias, qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, head_dim=c.head_dim, scale=scale,
+                    kind=c.attention, qk_norm=c.qk_norm, norm_eps=c.norm_eps, softcap=c.attn_logit_softcap)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, **attn)
         self.self_res = Residual(c, alpha)
-        self.cross_attn = (MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, cross=True, bias=c.bias,
-                                              qkv_bias=c.qkv_uses_bias, dropout=c.attn_dropout, head_dim=c.head_dim,
-                                              scale=scale)
-                           if cross else None)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.kv_heads, cross=True, **attn) if cross else None
+        for mha in (self.self_attn, self.cross_attn):
+            if mha is not None:
+                mha.backend = c.attention_backend
         self.cross_res = Residual(c, alpha) if cross else None
         if c.ffn == "moe":
             self.ffn = MoEFeedForward(c.d_model, c.d_ff, c.n_experts, c.moe_top_k, c.moe_capacity_factor,

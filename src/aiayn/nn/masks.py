@@ -72,35 +72,42 @@ def prefix_lm_mask(t: int, prefix_len: Tensor) -> Tensor:
 
 
 def local_global_mask(t: int, window: int, global_positions: Tensor | list[int], causal: bool = False,
-                      device: torch.device | str | None = None) -> Tensor:
+                      device: torch.device | str | None = None, s: int | None = None) -> Tensor:
     """Longformer-style: a local window, plus global tokens that see and are seen by every position.
 
+    Args:
+        global_positions: key positions (in 0 .. S - 1) of the global tokens.
+        s: key length S (default T); the T queries are the last T of the S positions, as in :func:`causal_mask`.
     Returns:
-        (T, T) bool.
+        (T, S) bool.
     """
-    mask = sliding_window_mask(t, window, causal=False, device=device)
-    g = torch.zeros(t, dtype=torch.bool, device=device)
+    s = t if s is None else s
+    mask = sliding_window_mask(t, window, s, causal=False, device=device)
+    g = torch.zeros(s, dtype=torch.bool, device=device)
     g[torch.as_tensor(global_positions, dtype=torch.long, device=device)] = True
-    mask = mask | g[None, :] | g[:, None]
-    return mask & causal_mask(t, device=device) if causal else mask
+    mask = mask | g[None, :] | g[s - t:, None]
+    return mask & causal_mask(t, s, device=device) if causal else mask
 
 
 def block_sparse_mask(t: int, block: int, local_blocks: int = 1, stride: int | None = None,
-                      causal: bool = False, device: torch.device | str | None = None) -> Tensor:
+                      causal: bool = False, device: torch.device | str | None = None, s: int | None = None) -> Tensor:
     """Block-sparse pattern (Sparse Transformer style) at block granularity.
 
     Query block qb may attend key block kb when ``|qb - kb| < local_blocks`` or, with ``stride``, when
     ``kb % stride == stride - 1`` (summary blocks every ``stride`` blocks).
 
+    Args:
+        s: key length S (default T); the T queries are the last T of the S positions, as in :func:`causal_mask`.
     Returns:
-        (T, T) bool.
+        (T, S) bool.
     """
-    idx = torch.arange(t, device=device) // block
-    qb, kb = idx[:, None], idx[None, :]
+    s = t if s is None else s
+    qb = torch.arange(s - t, s, device=device)[:, None] // block  # (T, 1)
+    kb = torch.arange(s, device=device)[None, :] // block  # (1, S)
     mask = (qb - kb).abs() < local_blocks
     if stride:
         mask = mask | (kb % stride == stride - 1)
-    return mask & causal_mask(t, device=device) if causal else mask
+    return mask & causal_mask(t, s, device=device) if causal else mask
 
 
 def document_mask(doc_ids: Tensor, causal: bool = True) -> Tensor:

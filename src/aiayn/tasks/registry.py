@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from aiayn.errors import AiaynError
-from aiayn.train.distributed import init_from_env
+from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
 
@@ -47,27 +47,37 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool, local_ran
         from aiayn.tasks.classification import ClassificationTask
 
         return ClassificationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
+    if recipe["task"] == "image_classification":
+        from aiayn.tasks.image_classification import ImageClassificationTask
+
+        return ImageClassificationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     raise AiaynError(f"{recipe.get('_path')}: task {recipe['task']!r} is not available in this version")
 
 
 def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: bool = False) -> TrainResult:
     """Load a recipe, build its task and train it; prints where the checkpoints went.
 
-    Under torchrun (or :func:`aiayn.train.distributed.launch`) each rank runs this; rank 0 prints.
+    Under torchrun (or ``aiayn train --nproc N``, :func:`aiayn.train.distributed.launch`) each rank runs this and
+    leaves the process group at the end; rank 0 prints.
     """
     recipe = load_recipe(path, overrides)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     validate_recipe(recipe, resume=resume, processes=local_world)  # every section's problems at once, first
     cfg = train_config(recipe)
     ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
-    task = build_task(recipe, cfg, resume, ranks.local_rank)
+    finished = False
     try:
+        task = build_task(recipe, cfg, resume, ranks.local_rank)
         result = train(task, cfg, resume=resume, recipe=recipe)
+        finished = True
     except KeyboardInterrupt:
         if ranks.main:
             again = shlex.join(["aiayn", "train", str(path), *(overrides or []), "--resume"])
             print(f"continue with: {again}", file=sys.stderr)
         raise
+    finally:
+        if ranks.world > 1:
+            finish(ranks, finished)
     if not ranks.main:
         return result
     best = "no validation score" if result.best_metric is None else f"best val_{task.select_metric} " \

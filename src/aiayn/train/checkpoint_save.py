@@ -160,6 +160,7 @@ def save_checkpoint(
     scheduler: Any | None = None,
     train_state: dict | None = None,
     tokenizer_writer: TokenizerWriter | None = None,
+    shard_writer: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a checkpoint directory so that a kill at any point leaves a loadable one (:mod:`aiayn.train.checkpoint`).
 
@@ -177,6 +178,9 @@ def save_checkpoint(
             tensors); the keys ``optimizer``, ``scheduler`` and ``format_version`` are reserved.
         tokenizer_writer: a callable ``f(directory)`` that writes tokenizer files into the directory,
             or an iterable of file paths to copy in.
+        shard_writer: a callable ``f(directory)`` that writes more files into the temporary folder before the
+            other files and the manifest (a sharded run's ``dcp/`` folder, written by every rank:
+            :mod:`aiayn.train.dcp_checkpoint`); the manifest lists them.
 
     Returns:
         The checkpoint directory.
@@ -199,6 +203,8 @@ def save_checkpoint(
         with writing(tmp):
             try:
                 os.mkdir(tmp)
+                if shard_writer is not None:
+                    shard_writer(tmp)
                 write_tmp(tmp, files, tokenizer)
                 commit(tmp, target, old)
             except BaseException:

@@ -1,17 +1,15 @@
-"""Data-parallel training over several processes with ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+"""The processes of a data-parallel run: their ranks, the process group, and the launcher.
 
-Every process (a *rank*) holds the whole model and reads the same deterministic batch stream. An optimizer
-step draws ``accum x world`` micro-batches from that stream, exactly as a single process with
-``accum x world`` accumulation steps would, and rank ``r`` computes micro-batches ``r, r + world, ...``.
-Each rank divides its summed losses by the target count of *all* the step's micro-batches (every rank sees
-every batch, so it knows that count without communicating); one all-reduce then sums the gradients. So a run
-on ``world`` ranks makes the same updates as one process accumulating ``accum x world`` micro-batches, up to
-the order of floating-point sums, and tests hold the two equal.
+Every process (a *rank*) reads the same deterministic batch stream. An optimizer step draws ``accum x world``
+micro-batches from it, exactly as a single process with ``accum x world`` accumulation steps would, and rank ``r``
+computes micro-batches ``r, r + world, ...``. The engines that combine the ranks' gradients (DDP, FSDP2) live in
+:mod:`aiayn.train.parallel`; rank 0 alone evaluates, logs and writes the checkpoint's ordinary files, while the
+others wait at a barrier.
 
-Rank 0 alone evaluates, writes checkpoints and logs; the others wait at a barrier. Each rank draws its own
-dropout masks (seed + rank), and the checkpoint keeps every rank's RNG state, so a resumed run continues
-exactly. Launch with ``aiayn train RECIPE --nproc N`` (processes on this machine) or under ``torchrun``,
-whose ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` variables are honoured.
+Runs are launched by torch's own launcher: ``torchrun --nproc-per-node N -m aiayn train ...`` (one machine, or
+several with a rendezvous endpoint), whose ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` variables
+:func:`init_from_env` reads; ``aiayn train --nproc N`` runs ``torch.distributed.run`` for this machine
+(:func:`launch`). The backend is NCCL for CUDA and gloo otherwise.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import socket
-import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from aiayn import accel
 from aiayn.errors import AiaynError
 
 TIMEOUT = datetime.timedelta(hours=3)  # a rank waits this long for rank 0's evaluations and checkpoints
@@ -74,34 +69,14 @@ class Ranks:
         return out
 
 
-def sum_gradients(params: Iterable[nn.Parameter], extras: list[float]) -> list[float]:
-    """Sum every parameter's gradient (one all-reduce of a flat buffer) and the numbers ``extras`` over all ranks.
-
-    A parameter without a gradient on some rank (unused by its micro-batches) counts as zeros there, so the
-    flat buffer has the same layout on every rank.
-
-    Args:
-        params: the trainable parameters, in the same order on every rank; their ``.grad`` is replaced by the sum.
-        extras: scalars to sum alongside (losses, token counts, flags).
-
-    Returns:
-        the summed ``extras``.
-    """
-    params = [p for p in params if p.requires_grad]
-    if not params:
-        raise AiaynError("the model has no trainable parameters to train")
-    ref = params[0]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(ref.dtype)
-                      for p in params])
-    # the extras travel in float64 on their own: a token count must survive the sum exactly
-    extra = torch.tensor(extras, dtype=torch.float64, device=ref.device)
-    dist.all_reduce(flat)
-    dist.all_reduce(extra)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
-        offset += p.numel()
-    return extra.tolist()
+def all_sum(values: list[float], ranks: Ranks) -> list[float]:
+    """The sums of ``values`` over all ranks (one all-reduce in float64, so token counts stay exact)."""
+    if ranks.world == 1:
+        return list(values)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def broadcast_parameters(model: nn.Module, ranks: Ranks) -> None:
@@ -150,52 +125,39 @@ def init_from_env(device_type: str) -> Ranks:
     return Ranks.current()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def launch(nproc: int, argv: list[str]) -> None:
+    """Run ``python -m aiayn *argv`` on ``nproc`` processes of this machine with ``torch.distributed.run``
+    (torchrun's ``--standalone`` rendezvous), and wait for them.
 
-
-def _worker(local_rank: int, nproc: int, port: int, keep_freed: bool, fn: Callable[..., Any], args: tuple,
-            kwargs: dict) -> None:
-    os.environ.update({"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nproc),
-                       "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    if keep_freed:  # as the launching process does
-        accel.setup_process()
-    finished = False
-    try:
-        fn(*args, **kwargs)
-        finished = True
-    except AiaynError as e:
-        print(f"aiayn train (rank {local_rank}): error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            # every rank done before any tears the group down (rank 0 hosts the store the others talk to; once, in
-            # CI, rank 1 aborted at exit with "terminate called without an active exception"). A failed rank skips
-            # the barrier: the launcher stops the others.
-            if finished:
-                dist.barrier()
-            dist.destroy_process_group()
-
-
-def launch(fn: Callable[..., Any], nproc: int, *args: Any, **kwargs: Any) -> None:
-    """Run ``fn(*args, **kwargs)`` in ``nproc`` new processes on this machine that form one process group.
-
-    ``fn`` must be importable (a module-level function); it joins the group with :func:`init_from_env`.
-    The processes get the accelerator's process settings (:func:`aiayn.accel.setup_process`) if this one has them.
-    A failure in any rank stops the others and raises :class:`AiaynError`.
+    Each process gets ``OMP_NUM_THREADS`` (this process's thread count, unless set; the trainer shares it out
+    among the ranks of a machine). A failure in any rank stops the others and raises :class:`AiaynError`.
     """
     if nproc < 1:
         raise AiaynError(f"--nproc {nproc}: need at least 1 process")
-    import torch.multiprocessing as mp
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
 
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = before or str(torch.get_num_threads())
+    args = get_args_parser().parse_args(["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
+                                         "--module", "aiayn", *argv])
     try:
-        mp.start_processes(_worker, args=(nproc, free_port(), accel.process_is_set_up(), fn, args, kwargs),
-                           nprocs=nproc, start_method="spawn")
-    except mp.ProcessExitedException as e:
-        raise AiaynError(f"rank {e.error_index} of {nproc} stopped with exit code {e.exit_code} "
-                         "(its message is above); the other ranks were stopped") from None
-    except mp.ProcessRaisedException as e:
-        raise AiaynError(f"a rank of {nproc} failed:\n{e}") from None
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise AiaynError(f"rank {rank} of {nproc} stopped with exit code {failure.exitcode} (its message is above); "
+                         "the other ranks were stopped") from None
+    finally:  # this process's own setting is unchanged
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+
+
+def finish(ranks: Ranks, finished: bool) -> None:
+    """Leave the process group at the end of a run: every rank done before any tears it down (rank 0 hosts the
+    store the others talk to). A failed rank skips the barrier; the launcher stops the others."""
+    if dist.is_available() and dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -23,7 +23,7 @@ import tomllib
 from aiayn.config import unknown_key
 from aiayn.errors import AiaynError
 
-TASKS = ("translation", "lm", "classification", "mlm")
+TASKS = ("translation", "lm", "classification", "mlm", "image_classification")
 SECTIONS = ("data", "tokenizer", "model", "train", "decode", "eval")
 
 
@@ -239,7 +239,8 @@ def _toml(value: Any) -> str:
     return repr(value)
 
 
-_ARCH = {"translation": "encoder-decoder", "lm": "decoder", "mlm": "encoder", "classification": "encoder"}
+_ARCH = {"translation": "encoder-decoder", "lm": "decoder", "mlm": "encoder", "classification": "encoder",
+         "image_classification": "encoder"}
 _TASK_SECTIONS = ("data", "tokenizer", "decode", "eval")  # read by the task classes; model and train are shared
 
 
@@ -309,6 +310,10 @@ def validate_recipe(recipe: dict[str, Any], *, resume: bool = False, processes: 
 def _data_problems(recipe: dict[str, Any], task: str, data: dict[str, Any]) -> list[str]:
     """The data files a task reads: given, and there."""
     out = []
+    if task == "image_classification":
+        from aiayn.tasks.image_classification import data_problems
+
+        return data_problems(recipe, data)
     if task == "translation":
         if data["train_tsv"] is None and (data["train_src"] is None or data["train_tgt"] is None):
             out.append("[data]: no training data; set train_src and train_tgt (two aligned files) or train_tsv")
@@ -382,6 +387,10 @@ def _model_problems(recipe: dict[str, Any], task: str, sections: dict[str, dict[
             forced["max_len"] = length
     if task == "classification":
         forced["n_classes"] = 2  # the number of labels in the data
+    if task == "image_classification":
+        from aiayn.tasks.image_classification import model_fields
+
+        forced.update(model_fields(recipe, data, 2))  # 2 stands in for the number of classes in the data
     fields = {**base, **section, **forced}
     problems = ModelConfig.check(fields)
     out += [f"[model] {p}" for p in problems]

@@ -18,7 +18,11 @@ from typing import Any
 import torch
 
 from aiayn.errors import AiaynError
-from aiayn.train.checkpoint import FORMAT_VERSION
+from aiayn.train.checkpoint import FORMAT_VERSION, restore_rng
+from aiayn.train.distributed import Ranks
+
+#: ``training_state.pt``'s ``sharded`` entry when model and optimizer state are in ``dcp/`` (dcp_checkpoint.py)
+SHARDED_FORMAT = "dcp"
 
 #: recipe sections whose change makes a different model (refused on resume); the others are reported
 ARCHITECTURE_SECTIONS = ("model", "tokenizer")
@@ -26,15 +30,17 @@ ARCHITECTURE_SECTIONS = ("model", "tokenizer")
 FREE_CONFIG_KEYS = ("decode", "metrics")
 
 
-def validate_training_state(state: Mapping[str, Any], file: Path, optimizer: torch.optim.Optimizer,
-                            world_size: int) -> None:
+def validate_training_state(state: Mapping[str, Any], file: Path, optimizer: torch.optim.Optimizer) -> None:
     """Raise one :class:`AiaynError` naming ``file`` and every problem of a loaded training state.
 
     Args:
         state: what :func:`aiayn.train.checkpoint.load_training_state` returned.
         file: the ``training_state.pt`` it came from (for the message).
-        optimizer: this run's optimizer, whose parameters the saved state must fit.
-        world_size: this run's number of processes (``rng_by_rank`` must have one entry per rank when > 1).
+        optimizer: this run's optimizer, whose parameters the saved state must fit (a sharded run's optimizer
+            state is in the checkpoint's ``dcp/`` folder, checked as it loads).
+
+    The saved ``world_size`` may differ from this run's: ``rng_by_rank`` must hold one RNG state per process of
+    the run that saved it.
     """
     problems: list[str] = []
     version = state.get("format_version")
@@ -55,14 +61,17 @@ def validate_training_state(state: Mapping[str, Any], file: Path, optimizer: tor
     for key, kind in (("elapsed", numbers.Real), ("world_size", int)):
         if key in state and not isinstance(state[key], kind):
             problems.append(f"{key}={state[key]!r} must be a {kind.__name__}")
-    problems += _optimizer_problems(state.get("optimizer"), optimizer, step if _is_int(step) else 0)
+    if state.get("sharded") != SHARDED_FORMAT:
+        problems += _optimizer_problems(state.get("optimizer"), optimizer, step if _is_int(step) else 0)
     scheduler = state.get("scheduler")
     if not isinstance(scheduler, dict) or not _is_int(scheduler.get("last_epoch")):
         problems.append("scheduler must be a state dict with an integer last_epoch")
-    rng = state.get("rng_by_rank") if world_size > 1 else state.get("rng")
-    rngs = rng if world_size > 1 and isinstance(rng, list) else [rng]
-    if world_size > 1 and (not isinstance(rng, list) or len(rng) != world_size):
-        problems.append(f"rng_by_rank must hold one RNG state per process ({world_size})")
+    saved_world = state.get("world_size", 1)
+    saved_world = saved_world if _is_int(saved_world) and saved_world > 0 else 1
+    rng = state.get("rng_by_rank") if saved_world > 1 else state.get("rng")
+    rngs = rng if saved_world > 1 and isinstance(rng, list) else [rng]
+    if saved_world > 1 and (not isinstance(rng, list) or len(rng) != saved_world):
+        problems.append(f"rng_by_rank must hold one RNG state per process of the run that saved it ({saved_world})")
     for r in rngs:
         if not (isinstance(r, dict) and {"python", "numpy", "torch"} <= r.keys()
                 and isinstance(r["torch"], torch.Tensor)):
@@ -157,3 +166,33 @@ def check_same_run(checkpoint: Path, saved_config: Mapping[str, Any], config: Ma
         allowed += config_changes({k: v for k, v in saved_train.items() if k != "progress"},
                                   {k: v for k, v in train.items() if k != "progress"}, "train.")
     return list(dict.fromkeys(allowed))
+
+
+def restore_rank_rng(state: Mapping[str, Any], ranks: Ranks, seed: int, accum: int) -> list[str]:
+    """Restore this rank's RNG streams from a validated training state; describe a change of world size.
+
+    On the world size that saved the state, every rank continues its own streams exactly. On another one, rank
+    ``r`` continues the saved stream of rank ``r`` where that rank existed, and a new rank starts a stream seeded
+    from ``(seed, rank, step)``; model, optimizer, schedule and data position continue exactly, but the
+    micro-batches meet other dropout masks than in the uninterrupted run.
+
+    Returns:
+        Lines for the resume message (empty when the world size and the micro-batches per step are unchanged).
+    """
+    saved_world = state.get("world_size", 1)
+    rngs = state["rng_by_rank"] if saved_world > 1 else [state["rng"]]
+    if ranks.rank < len(rngs):
+        restore_rng(rngs[ranks.rank])
+    else:
+        torch.manual_seed(seed + ranks.rank + 1_000_003 * state["step"])
+    notes = []
+    if saved_world != ranks.world:
+        notes.append(f"processes: {saved_world} -> {ranks.world} (model, optimizer, schedule and data position "
+                     "continue; dropout masks differ from an uninterrupted run)")
+    saved_train = state.get("train_config") if isinstance(state.get("train_config"), dict) else {}
+    before = int(saved_train.get("accum", accum)) * saved_world
+    if before != accum * ranks.world:
+        notes.append(f"micro-batches per optimizer step: {before} -> {accum * ranks.world} (train.accum x processes); "
+                     f"set train.accum={before // ranks.world if before % ranks.world == 0 else '...'} to keep the "
+                     "batch of the saved run")
+    return notes

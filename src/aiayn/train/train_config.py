@@ -13,6 +13,8 @@ from aiayn import accel
 from aiayn.config import type_problems, unknown_key
 from aiayn.errors import AiaynError
 
+PARALLELS = ("ddp", "fsdp")  # aiayn.train.parallel's engines
+
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SEED = 10_000_000  # tasks derive per-epoch seeds as seed * 1_000_003^2 + ..., which must fit in 64 bits
 
@@ -48,6 +50,10 @@ class TrainConfig:
     progress: bool = True
     accel: str | None = None  # "none" | "auto"; None: $AIAYN_ACCEL, else "auto" (aiayn.accel.resolve)
     freeze: list[str] | None = None  # fnmatch patterns of parameter names left untrained (aiayn.train.freeze)
+    parallel: str | None = None  # "ddp" | "fsdp" when several processes train (None: "ddp"; aiayn.train.parallel)
+    fsdp_cpu_offload: bool = False  # FSDP keeps parameter and optimizer shards in CPU memory (CUDA only)
+    compile: bool = False  # torch.compile every layer and the loss for training
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -125,6 +131,13 @@ class TrainConfig:
         at_least("threads", 1, "one per free core")
         rule("accel", lambda v: v is None or v in accel.CHOICES,
              f"unknown; choose one of {', '.join(accel.CHOICES)}")
+        rule("parallel", lambda v: v is None or v in PARALLELS,
+             f"unknown; choose one of {', '.join(PARALLELS)} (used when several processes train)")
+        if not typed & {"parallel", "fsdp_cpu_offload"} and self.fsdp_cpu_offload and self.parallel != "fsdp":
+            bad("fsdp_cpu_offload", 'offloads the shards of FSDP; set parallel = "fsdp", or fsdp_cpu_offload = false')
+        if not typed & {"parallel", "dtype"} and self.parallel == "fsdp" and self.dtype == "float16":
+            bad("dtype", 'float16 loss scaling is not sharded with FSDP; use dtype = "bfloat16" (no scaling needed), '
+                         'or parallel = "ddp"')
         return p
 
     @classmethod

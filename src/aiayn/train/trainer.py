@@ -14,14 +14,17 @@ the trainer does everything else the same way for all of them:
 Dividing every micro-batch's summed loss by the token count of the whole accumulated batch makes k
 accumulated batches give exactly the update of one batch of their union, whatever their lengths.
 
-Data-parallel runs (``aiayn train --nproc N`` or torchrun; see :mod:`aiayn.train.distributed`) share the loop:
-each step draws ``accum x N`` micro-batches, each rank computes every N-th, and one all-reduce sums the
-gradients, so N ranks make the updates of one process accumulating ``accum x N`` micro-batches.
+Data-parallel runs (torchrun or ``aiayn train --nproc N``; see :mod:`aiayn.train.distributed`) share the loop:
+each step draws ``accum x N`` micro-batches, each rank computes every N-th, and DDP or FSDP2
+(:mod:`aiayn.train.parallel`, ``train.parallel``) combines the gradients once per step, so N ranks make the
+updates of one process accumulating ``accum x N`` micro-batches. A sharded run's ``last/`` holds its model and
+optimizer shards in ``dcp/`` (:mod:`aiayn.train.dcp_checkpoint`), and resumes on any number of ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections.abc import Iterator
@@ -35,7 +38,7 @@ from tqdm import tqdm
 
 from aiayn import accel
 from aiayn.errors import AiaynError
-from aiayn.nn.moe import moe_load_stats, moe_loss
+from aiayn.nn.moe import moe_load_stats
 from aiayn.threads import ThreadGovernor, threads_option
 from aiayn.train.checkpoint import (
     STATE_FILE,
@@ -47,16 +50,23 @@ from aiayn.train.checkpoint import (
     periodic_checkpoints,
     read_state_dict,
     recover_checkpoint,
-    restore_rng,
     save_checkpoint,
     write_average,
 )
-from aiayn.train.distributed import Ranks, broadcast_parameters, check_same_files, sum_gradients
+from aiayn.train.dcp_checkpoint import (
+    full_model_state,
+    load_sharded,
+    optimizer_state_by_name,
+    save_sharded,
+    set_full_optimizer_state,
+)
+from aiayn.train.distributed import Ranks, all_sum, broadcast_parameters, check_same_files
 from aiayn.train.freeze import freeze_parameters
 from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.train.optim import build_optimizer
+from aiayn.train.parallel import Parallel, prepare_model, resolve_parallel, wrap
 from aiayn.train.progress import TrainingProgress
-from aiayn.train.resume import check_same_run, validate_training_state
+from aiayn.train.resume import SHARDED_FORMAT, check_same_run, restore_rank_rng, validate_training_state
 from aiayn.train.run_lock import RunLock
 from aiayn.train.schedules import build_scheduler
 from aiayn.train.train_config import TrainConfig
@@ -158,10 +168,39 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         frozen = freeze_parameters(model, cfg.freeze)
         if ranks.main:
             tqdm.write(f"frozen: {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
-    accel.accelerate(model, "train", cfg.accel)  # the one place training applies an accelerator
+    kind = resolve_parallel(cfg.parallel, ranks.world)
+    # the one place training applies an accelerator; compiled layers are the reference modules, fused by inductor
+    accel.accelerate(model, "train", "none" if cfg.compile else cfg.accel)
     out = Path(cfg.out_dir)
-    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                weight_decay=cfg.weight_decay)
+    last = out / "last"
+    recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
+    config_json = task.checkpoint_config()
+    state, changes, by_name = None, [], None
+    if resume:
+        if ranks.main:
+            recover_checkpoint(last, say=tqdm.write)  # a save killed between its renames left last.old only
+        ranks.barrier()
+        state = _resume_state(last, cfg)
+        probe = _optimizer(model, cfg)  # an optimizer as this run builds it, for the checks and the conversion
+        validate_training_state(state, last / STATE_FILE, probe)
+        changes = check_same_run(last, load_config(last), config_json, state.get("recipe"),
+                                 recipe_sections or None, state.get("train_config"), _plain(asdict(cfg)))
+        load_model_state(last, model)  # the full weights, before any sharding
+        if kind == "fsdp" and state.get("sharded") != SHARDED_FORMAT:  # a replicated run's optimizer, by name
+            by_name = optimizer_state_by_name(model, probe, state["optimizer"])
+    else:
+        if last.exists() or (out / "last.old").exists():
+            raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
+                             "or choose another train.out_dir")
+        check_same_files(task.write_tokenizers, ranks, "tokenizers")
+        if kind == "fsdp":  # every rank shards the same weights (DDP copies rank 0's itself)
+            broadcast_parameters(model, ranks)
+    # what rank 0 evaluates and saves: the model, or under FSDP a whole copy refreshed from the shards
+    weights = copy.deepcopy(model) if kind == "fsdp" and ranks.main else model
+    prepare_model(model, cfg.activation_checkpointing, cfg.compile)
+    moe_weights = _moe_weights(model)  # (load-balancing, z-loss) weights of a mixture-of-experts model, else None
+    par = wrap(task, kind, ranks, dtype=cfg.dtype, cpu_offload=cfg.fsdp_cpu_offload, moe_weights=moe_weights)
+    optimizer = _optimizer(model, cfg)
     sched_kw: dict[str, Any] = {"warmup": cfg.warmup}
     if cfg.schedule == "inverse_sqrt_warmup":
         sched_kw["d_model"] = model.config.d_model
@@ -172,32 +211,13 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=cfg.dtype == "float16")
 
     step, position, best, elapsed_before, skipped = 0, None, None, 0.0, 0
-    recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
-    config_json = task.checkpoint_config()
-    if resume:
-        last = out / "last"
-        if ranks.main:
-            recover_checkpoint(last, say=tqdm.write)  # a save killed between its renames left last.old only
-        ranks.barrier()
-        state = load_training_state(last)
-        if state is None:
-            raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
-        saved_world = state.get("world_size", 1)
-        if saved_world != ranks.world:
-            raise AiaynError(f"{last}: saved by a run on {saved_world} process(es); resume it with --nproc "
-                             f"{saved_world} (this run has {ranks.world}), so the batches per step and the "
-                             "dropout streams continue unchanged")
-        saved_train = state.get("train_config")
-        saved_freeze = saved_train.get("freeze") if isinstance(saved_train, dict) else None
-        if list(saved_freeze or []) != list(cfg.freeze or []):
-            raise AiaynError(f"{last}: the run was trained with train.freeze={saved_freeze!r}, this one has "
-                             f"{cfg.freeze!r}; the optimizer's state fits only the same trainable parameters: "
-                             "resume with the original freeze list, or start a new run in another train.out_dir")
-        validate_training_state(state, last / STATE_FILE, optimizer, ranks.world)
-        changes = check_same_run(last, load_config(last), config_json, state.get("recipe"),
-                                 recipe_sections or None, state.get("train_config"), _plain(asdict(cfg)))
-        load_model_state(last, model)
-        optimizer.load_state_dict(state["optimizer"])
+    if state is not None:
+        if state.get("sharded") == SHARDED_FORMAT:
+            load_sharded(last, model, optimizer)  # resharded to this run's ranks
+        elif by_name is not None:
+            set_full_optimizer_state(model, optimizer, by_name)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         # the schedule's shape comes from this run's config (a resumed run may extend max_steps and so re-plan a
         # cosine decay); only its position comes from the checkpoint
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
@@ -206,17 +226,12 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
         if scaler.is_enabled() and "grad_scaler" in state:
             scaler.load_state_dict(state["grad_scaler"])
         elapsed_before = state.get("elapsed", 0.0)
-        restore_rng(state["rng_by_rank"][ranks.rank] if ranks.world > 1 else state["rng"])
+        changes += restore_rank_rng(state, ranks, cfg.seed, cfg.accum)
         if ranks.main:
             epoch = f", epoch {position['epoch'] + 1}" if isinstance(position.get("epoch"), int) else ""
             tqdm.write(f"resuming from step {step}{epoch} ({last}, {elapsed_before / 60:.1f} min trained)"
                        + "".join(f"\n  changed: {c}" for c in changes))
     else:
-        if (out / "last").exists() or (out / "last.old").exists():
-            raise AiaynError(f"{out}: already holds a training run; pass --resume to continue it, "
-                             "or choose another train.out_dir")
-        check_same_files(task.write_tokenizers, ranks, "tokenizers")
-        broadcast_parameters(model, ranks)
         torch.manual_seed(cfg.seed + ranks.rank)  # each rank its own dropout masks; rank 0 as a single process
     if ranks.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -228,12 +243,25 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     def gather_rng() -> list | None:  # a collective: every rank calls it at the same steps
         return ranks.all_gather(capture_rng()) if ranks.world > 1 else None
 
-    def save(path: Path, with_state: bool) -> None:
+    def refresh_weights() -> None:  # a collective under FSDP: the shards, gathered into rank 0's whole copy
+        if par.sharded:
+            full = full_model_state(model)
+            if ranks.main:
+                weights.load_state_dict(full)
+
+    def save(path: Path, with_state: bool) -> None:  # rank 0 (and, for last/ of a sharded run, every rank)
+        if not ranks.main:
+            if with_state and par.sharded:
+                save_sharded(path, model, optimizer, ranks.rank, None)
+            return
         state = None
+        sharded = with_state and par.sharded
         if with_state:
             state = {"step": step, "position": position, "best": best, "world_size": ranks.world,
-                     "elapsed": elapsed_before + time.time() - t0, "train_config": _plain(asdict(cfg)),
-                     "nonfinite_skipped": skipped}
+                     "parallel": kind, "elapsed": elapsed_before + time.time() - t0,
+                     "train_config": _plain(asdict(cfg)), "nonfinite_skipped": skipped}
+            if sharded:
+                state["sharded"] = SHARDED_FORMAT  # model and optimizer state in dcp/
             if recipe_sections:
                 state["recipe"] = recipe_sections
             if scaler.is_enabled():
@@ -241,10 +269,17 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             if ranks.world > 1:
                 state["rng_by_rank"] = rng_by_rank
         notes = getattr(task, "metric_notes", None)  # how validation scores were computed (BLEU's signature)
-        save_checkpoint(path, model, {**config_json, **({"metrics": notes} if notes else {})},
-                        optimizer=optimizer if with_state else None,
-                        scheduler=scheduler if with_state else None, train_state=state,
-                        tokenizer_writer=task.write_tokenizers)
+
+        def files(shard_writer=None) -> Path:
+            return save_checkpoint(path, weights, {**config_json, **({"metrics": notes} if notes else {})},
+                                   optimizer=optimizer if with_state and not sharded else None,
+                                   scheduler=scheduler if with_state else None, train_state=state,
+                                   tokenizer_writer=task.write_tokenizers, shard_writer=shard_writer)
+
+        if sharded:
+            save_sharded(path, model, optimizer, ranks.rank, files)
+        else:
+            files()
         if with_state:
             saved_at["step"] = step
 
@@ -256,7 +291,6 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     stream = task.batches(position)
     bar = TrainingProgress(cfg.max_steps, cfg.max_minutes, step, elapsed_before, cfg.progress and ranks.main)
     window = {"loss": 0.0, "nll": 0.0, "moe": 0.0, "tokens": 0, "time": time.time()}
-    moe_weights = _moe_weights(model)  # (load-balancing, z-loss) weights of a mixture-of-experts model, else None
     model.train()
     # threads from the cores other processes leave free and the step's size, re-checked (aiayn.threads)
     governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
@@ -271,23 +305,26 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             optimizer.zero_grad(set_to_none=True)
             loss_total, nll_total, moe_total = 0.0, 0.0, 0.0
             total_targets = sum(task.count_targets(b) for b in micro)  # the divisor for every micro-batch
-            for batch in micro[ranks.rank::ranks.world]:
-                with _autocast(cfg.dtype, model):
-                    loss_sum, n_targets, extra = task.loss(batch, cfg.label_smoothing)
-                    router = moe_loss(model, *moe_weights) if moe_weights is not None else None
-                if router is not None:  # a mean over the micro-batch's tokens, weighted as its targets are
-                    router_sum = router.float() * n_targets
-                    moe_total += float(router_sum.detach())
-                    scaler.scale((loss_sum + router_sum) / max(total_targets, 1)).backward()
-                else:
-                    scaler.scale(loss_sum / max(total_targets, 1)).backward()
+            mine = micro[ranks.rank::ranks.world]
+            for i, batch in enumerate(mine):
+                with par.micro_batch(last=i == len(mine) - 1):  # DDP/FSDP: gradients synchronized after the last
+                    with _autocast(cfg.dtype, model):
+                        loss_sum, n_targets, extra, router = par.loss_module(batch, cfg.label_smoothing)
+                    # each rank's share of the step's mean; the engines average over ranks (loss_scale undoes it)
+                    divisor = max(total_targets, 1) / par.loss_scale
+                    if router is not None:  # a mean over the micro-batch's tokens, weighted as its targets are
+                        router_sum = router.float() * n_targets
+                        moe_total += float(router_sum.detach())
+                        scaler.scale((loss_sum + router_sum) / divisor).backward()
+                    else:
+                        scaler.scale(loss_sum / divisor).backward()
                 value = float(loss_sum.detach())
                 loss_total += value
                 nll_total += extra.get("nll", value)
             stop = out_of_time()
-            if ranks.world > 1:  # sum gradients and losses over ranks; stop when any rank is out of time
-                loss_total, nll_total, moe_total, late = sum_gradients(
-                    model.parameters(), [loss_total, nll_total, moe_total, float(stop)])
+            if ranks.world > 1:  # the ranks' losses summed; stop when any rank is out of time
+                loss_total, nll_total, moe_total, late = all_sum([loss_total, nll_total, moe_total, float(stop)],
+                                                                 ranks)
                 stop = late > 0
             grad_norm = None
             problem = None if math.isfinite(loss_total) else f"non-finite loss ({loss_total})"
@@ -295,7 +332,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                 problem = f"non-finite router loss ({moe_total})"
             if problem is None:
                 scaler.unscale_(optimizer)  # a no-op unless float16 loss scaling is on
-                grad_norm = _grad_norm(model, cfg.clip_norm)
+                grad_norm = _grad_norm(par, model, cfg.clip_norm)
                 if not math.isfinite(grad_norm):
                     grad_norm = None
                     if not scaler.is_enabled():  # float16: an overflow, which the scaler skips and scales down
@@ -343,17 +380,19 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             periodic = bool(cfg.save_every) and step % cfg.save_every == 0
             if evaluate or periodic:
                 rng_by_rank = gather_rng()
+                refresh_weights()
             if ranks.main:
                 with _all_cores(ranks, on_cpu):
                     if evaluate:
-                        best = _evaluate_and_keep(task, step, best, log, out, save)
+                        with _evaluating(task, weights):
+                            best = _evaluate_and_keep(task, step, best, log, out, save)
                         model.train()
                     if periodic:
                         save(out / f"step-{step}", with_state=False)
                         keep_last(out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
-                    if evaluate or periodic:
-                        save(out / "last", with_state=True)
             if evaluate or periodic:
+                with _all_cores(ranks, on_cpu):
+                    save(last, with_state=True)
                 ranks.barrier()
     except KeyboardInterrupt:
         if ranks.main:
@@ -371,12 +410,15 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                    f"{cfg.max_steps}; to go on, raise train.max_minutes and pass --resume")
     accel.release_workspace()  # the accelerator's training buffers, no longer needed
     rng_by_rank = gather_rng()
+    refresh_weights()
     averaged_dir = None
+    if ranks.main and step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes
+        with _all_cores(ranks, on_cpu), _evaluating(task, weights):
+            best = _evaluate_and_keep(task, step, best, log, out, save)
+    with _all_cores(ranks, on_cpu):
+        save(last, with_state=True)
     if ranks.main:
-        with _all_cores(ranks, on_cpu):
-            if step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes between evaluations
-                best = _evaluate_and_keep(task, step, best, log, out, save)
-            save(out / "last", with_state=True)
+        with _all_cores(ranks, on_cpu), _evaluating(task, weights):
             if cfg.average_last:
                 dirs = periodic_checkpoints(out)[-cfg.average_last:] if cfg.save_every else []
                 if len(dirs) < 2:
@@ -384,7 +426,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                                f"checkpoints, this run has {len(dirs)}"
                                + ("" if cfg.save_every else " (set train.save_every)"))
                 else:
-                    model.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
+                    weights.load_state_dict(read_state_dict(write_average(dirs, out / "averaged")))
                     metrics = task.evaluate()
                     log.log({"step": step, "averaged_of": len(dirs),
                              **{f"avg_{k}": v for k, v in metrics.items()}})
@@ -411,12 +453,41 @@ def _next_batch(stream: Iterator, out: Path, resume: bool) -> tuple[Any, Any]:
                          "resume with the original data, or start a new run in another train.out_dir") from e
 
 
-def _grad_norm(model: nn.Module, clip_norm: float | None) -> float:
-    """The gradients' total 2-norm, clipped to ``clip_norm`` when set (inf or nan when a gradient is not finite)."""
-    if clip_norm:
-        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm))
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # the norm alone: no pass over the grads
+def _grad_norm(par: Parallel, model: nn.Module, clip_norm: float | None) -> float:
+    """The gradients' total 2-norm over every rank, clipped to ``clip_norm`` when set (inf or nan when a gradient is
+    not finite)."""
+    return par.grad_norm(list(model.parameters()), clip_norm)
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer ``train.optimizer`` names over ``model``'s trainable parameters (fused where supported)."""
+    return build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                           weight_decay=cfg.weight_decay)
+
+
+def _resume_state(last: Path, cfg: TrainConfig) -> dict[str, Any]:
+    """``last/``'s training state, refused when absent or when it was trained with another freeze list."""
+    state = load_training_state(last)
+    if state is None:
+        raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
+    saved_train = state.get("train_config")
+    saved_freeze = saved_train.get("freeze") if isinstance(saved_train, dict) else None
+    if list(saved_freeze or []) != list(cfg.freeze or []):
+        raise AiaynError(f"{last}: the run was trained with train.freeze={saved_freeze!r}, this one has "
+                         f"{cfg.freeze!r}; the optimizer's state fits only the same trainable parameters: "
+                         "resume with the original freeze list, or start a new run in another train.out_dir")
+    return state
+
+
+@contextlib.contextmanager
+def _evaluating(task: Task, weights: nn.Module):
+    """While rank 0 evaluates or averages: ``task.model`` is ``weights`` (under FSDP, the whole copy)."""
+    model = task.model
+    task.model = weights
+    try:
+        yield
+    finally:
+        task.model = model
 
 
 def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_step: int | None) -> str:
@@ -453,7 +524,7 @@ def _report_average(task: Task, dirs: list[Path], metrics: dict[str, float], bes
 @contextlib.contextmanager
 def _all_cores(ranks: Ranks, on_cpu: bool):
     """While rank 0 evaluates or saves alone, let it use the threads of the ranks waiting on its machine."""
-    if ranks.local_world == 1 or not on_cpu:
+    if ranks.local_world == 1 or not on_cpu or not ranks.main:
         yield
         return
     before = torch.get_num_threads()

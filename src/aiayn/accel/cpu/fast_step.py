@@ -47,7 +47,7 @@ from aiayn.accel.cpu.packed import ACTIVATION_FNS, PackedLinear, frozen_block
 from aiayn.accel.cpu.quantize import Int8Linear
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.models.stack import TransformerStack
-from aiayn.nn.attention import scaled_dot_product_attention
+from aiayn.nn.attention import attention_weights, scaled_dot_product_attention
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import Residual, TransformerLayer
 from aiayn.nn.positions import apply_rotary
@@ -141,6 +141,7 @@ class _Layer:
 
     def __init__(self, layer: TransformerLayer) -> None:
         sa, ca = layer.self_attn, layer.cross_attn
+        self.self_mha, self.cross_mha = sa, ca  # their recorders (aiayn.inspect) are read at every step
         self.hq, self.hkv, self.dh = sa.n_heads, sa.n_kv_heads, sa.head_dim
         self.q_width = self.hq * self.dh
         self.qkv, self.self_out = _Product(sa.qkv_proj), _Product(sa.out_proj)
@@ -242,13 +243,17 @@ class FastDecoderStep:
             ids, positions=positions, memory_is_token=memory_is_token, cache=cache)
         n = ids.shape[0]
         x = x.view(n, -1)  # (N, D): one position per row
+        # a layer that records its attention weights (aiayn.inspect) takes the Python path, which has q and k at hand
+        recording = any(lay.self_mha.recorder is not None or (lay.cross and lay.cross_mha.recorder is not None)
+                        for lay in self.layers)
         if cache.store.data is None and bias is None and self.native:
             # an encoder-decoder's first step: the store's buffer made now rather than by a first append, so that
             # this step too writes its keys and values straight into it (and can take the native layers)
             cache.store.claim(0, like=x.new_empty(n, self.layers[0].hkv, 0, self.layers[0].dh))
         # the native attention kernel's key mask: a store with its buffer, no position bias
-        native_key_mask = self._native_mask(x, mask) if cache.store.data is not None and bias is None else False
-        memory_key_mask = self._native_mask(x, memory_mask) if cache.cross_attn else None
+        native_key_mask = (self._native_mask(x, mask) if cache.store.data is not None and bias is None
+                           and not recording else False)
+        memory_key_mask = (False if recording else self._native_mask(x, memory_mask)) if cache.cross_attn else None
         if native_key_mask is not False and memory_key_mask is not False:  # each layer as one native call, if it can
             if n not in self.native_layers:
                 self.native_layers[n] = NativeLayers.build(self.layers, n, x.shape[1])
@@ -282,6 +287,9 @@ class FastDecoderStep:
                     k, v = cache.self_attn[i].append(k, v)
                 a, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, backend=lay.self_backend,
                                                     scale=lay.self_scale, kernel=cpu_attention_kernel)
+                if lay.self_mha.recorder is not None:  # (N, H, 1, S) from this step's q and keys
+                    lay.self_mha.recorder(*attention_weights(q, k, mask, bias, scale=lay.self_scale,
+                                                             softcap=lay.self_mha.softcap), bias)
             x = lay.self_res.exit(x, lay.self_out(a.reshape(n, lay.hq * lay.dh)))
             if lay.cross:  # cross-attention: `group` consecutive rows share one memory row
                 cc, g = cache.cross_attn[i], cache.cross_attn[i].group
@@ -298,9 +306,20 @@ class FastDecoderStep:
                     a, _ = scaled_dot_product_attention(q, cc.k, cc.v, mask=memory_mask, backend=lay.cross_backend,
                                                         scale=lay.cross_scale, kernel=cpu_attention_kernel)
                     a = a.transpose(1, 2).reshape(n, lay.hq * lay.dh)
+                    if lay.cross_mha.recorder is not None:
+                        w, applied = attention_weights(q, cc.k, memory_mask, scale=lay.cross_scale,
+                                                       softcap=lay.cross_mha.softcap)  # (N/g, H, g, S)
+                        lay.cross_mha.recorder(_step_rows(w), None if applied is None else
+                                               _step_rows(applied.expand(w.shape)), None)
                 x = lay.cross_res.exit(x, lay.cross_out(a))
             x = lay.ffn_res.exit(x, feed_forward(lay.ffn, lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)
+
+
+def _step_rows(z: Tensor) -> Tensor:
+    """A folded cross-attention step's (N/g, H, g, S) -> (N, H, 1, S): row i*g + j is query j of memory row i."""
+    bm, h, g, s = z.shape
+    return z.transpose(1, 2).reshape(bm * g, h, 1, s)
 
 
 class FastEncoder:
@@ -329,6 +348,8 @@ class FastEncoder:
         no native form."""
         if ids.device.type != "cpu" or self.stack.embed.weight.dtype != torch.float32:  # before any work
             return None
+        if any(layer.self_mha.recorder is not None for layer in self.layers):
+            return None  # the modules record attention weights (aiayn.inspect)
         x, mask, bias, rotary, is_causal, _ = self.stack.prepare(ids, is_token=is_token)
         if bias is not None or rotary is not None or is_causal or not native.cpu_fp32(x):
             return None

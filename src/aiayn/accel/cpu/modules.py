@@ -16,7 +16,7 @@ from aiayn.accel.cpu import native
 from aiayn.accel.cpu.fast_step import FastDecoderStep, FastEncoder
 from aiayn.accel.cpu.functional import cpu_attention_kernel, feed_forward
 from aiayn.accel.cpu.packed import frozen_block
-from aiayn.accel.cpu.support import step_supports
+from aiayn.accel.cpu.support import attention_supports, cache_supports, step_supports
 from aiayn.models.heads import LMHead, RowTop
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import MultiHeadAttention, scaled_dot_product_attention
@@ -29,6 +29,8 @@ class CPUMultiHeadAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
                return_weights: bool) -> tuple[Tensor, Tensor | None]:  # noqa: D102 - as MultiHeadAttention.attend
+        if not attention_supports(self):
+            return super().attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal, return_weights=return_weights)
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
             return_weights=return_weights, is_causal=is_causal, scale=self.scale, kernel=cpu_attention_kernel)
@@ -49,14 +51,14 @@ class CPUDecodingStack(TransformerStack):
     at inference runs as native layers (:class:`~aiayn.accel.cpu.fast_step.FastEncoder`), where they apply
     (:func:`~aiayn.accel.cpu.support.step_supports`, a decoding scope, no hooks, no weights requested)."""
 
-    def forward(self, ids: Tensor, *, is_token: Tensor | None = None, positions: Tensor | None = None,
+    def forward(self, ids: Tensor | None, *, is_token: Tensor | None = None, positions: Tensor | None = None,
                 attn_mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_is_token: Tensor | None = None, cache: DecoderCache | None = None,
-                return_weights: bool = False,
-                token_type_ids: Tensor | None = None) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
-        fast_ok = (not return_weights and attn_mask is None and token_type_ids is None and not torch.is_grad_enabled()
-                   and not self.training)
-        if fast_ok and cache is not None and ids.shape[1] == 1 and is_token is None:
+                return_weights: bool = False, token_type_ids: Tensor | None = None,
+                embeds: Tensor | None = None) -> tuple[Tensor, dict[str, list[Tensor]] | None]:  # noqa: D102
+        fast_ok = (not return_weights and attn_mask is None and token_type_ids is None and embeds is None
+                   and not torch.is_grad_enabled() and not self.training)
+        if fast_ok and cache is not None and ids.shape[1] == 1 and is_token is None and cache_supports(cache):
             step = self._for_block("_fast_step", FastDecoderStep.build)
             if step is not None:
                 if memory is not None and cache.cross_attn and cache.cross_attn[0].k is None:
@@ -73,7 +75,16 @@ class CPUDecodingStack(TransformerStack):
                     return out, None
         return super().forward(ids, is_token=is_token, positions=positions, attn_mask=attn_mask, memory=memory,
                                memory_is_token=memory_is_token, cache=cache, return_weights=return_weights,
-                               token_type_ids=token_type_ids)
+                               token_type_ids=token_type_ids, embeds=embeds)
+
+    def new_cache(self, capacity: int) -> DecoderCache:
+        """The full KV cache where the core would roll a sliding window's (:meth:`TransformerStack.new_cache`): the
+        flat decoding step takes it, and its outputs equal the rolling cache's (tests/consistency/
+        test_rolling_cache.py). Memory then grows with the decoded length, not with the window."""
+        c = self.config
+        if c.attention != "linear" and c.sliding_window is not None and step_supports(self):
+            return DecoderCache(len(self.layers), capacity, cross=self.cross)
+        return super().new_cache(capacity)
 
     def _for_block(self, name: str, build: Callable[[TransformerStack], object]) -> object:
         """``build(self)``, made once per :func:`~aiayn.accel.cpu.packed.frozen_weights` block (a decoding scope) and

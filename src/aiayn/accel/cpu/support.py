@@ -14,6 +14,7 @@ from torch import nn
 from aiayn.config import ModelConfig
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.cache import DecoderCache, SelfAttnCache
 from aiayn.nn.feedforward import FeedForward
 from aiayn.nn.layers import Residual, TransformerLayer
 from aiayn.nn.norms import RMSNorm
@@ -31,6 +32,7 @@ SUPPORTED: dict[str, tuple] = {
     "rope_scaling": ("none", "linear", "ntk", "yarn", "llama3"),
     "init": ("paper", "gpt2"),
     "pooling": ("cls", "mean"),
+    "input": ("tokens",),  # images (patches) run the reference stack; their layers still take the kernels
     "deepnorm": (False, True),
     "bias": (False, True),
     "qkv_bias": (None, False, True),
@@ -48,6 +50,8 @@ NEUTRAL = frozenset({
     "max_len", "dropout", "attn_dropout", "ffn_dropout", "norm_eps", "rope_theta", "rope_scaling_factor",
     "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor", "t5_num_buckets", "t5_max_distance",
     "sliding_window", "pad_id", "n_classes", "n_token_labels", "n_token_types", "position_offset", "name",
+    # read only when input="patches", which is declined
+    "image_size", "patch_size", "channels",
     # read only when ffn="moe", which is declined
     "n_experts", "moe_top_k", "moe_capacity_factor", "moe_aux_loss_weight", "moe_z_loss_weight",
 })
@@ -71,6 +75,18 @@ def unsupported(config: ModelConfig) -> list[str]:
         elif value != vars(defaults)[f.name]:
             problems.append(f"{f.name}={value!r}")
     return problems
+
+
+def attention_supports(module: MultiHeadAttention) -> bool:
+    """Whether the CPU attention kernel may compute ``module``'s attention: softmax attention without score
+    soft-capping, through the reference or the fused backend (the tiled and FlexAttention backends run as they are)."""
+    return module.kind == "softmax" and module.softcap is None and module.backend in ("auto", "reference", "sdpa")
+
+
+def cache_supports(cache: DecoderCache) -> bool:
+    """Whether a decoding step may read and write ``cache``: the core's full, time-major KV cache (not a rolling or a
+    linear-attention cache)."""
+    return type(cache) is DecoderCache and all(type(c) is SelfAttnCache for c in cache.self_attn)
 
 
 def step_supports(stack: TransformerStack) -> bool:

@@ -1,0 +1,86 @@
+"""``aiayn inspect``: the attention explorer for a checkpoint, served locally, as an offline HTML file, or as PNGs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aiayn.cli.commands import _add_load_args, _load, command
+from aiayn.errors import AiaynError
+
+#: what the explorer shows when no input is given, by task
+EXAMPLES = {"translation": "A man is riding a bicycle.", "lm": "To be, or not to be",
+            "classification": "a gripping, beautifully acted film", "mlm": "the cat sat on the mat"}
+
+
+@command("inspect", "Look inside a checkpoint: its attention (head and model views, alignment, masks, positions, "
+                    "per-head statistics) and its output for one input, in a local explorer (the default), an "
+                    "offline HTML file (--html) or PNG pictures (--png).")
+def _inspect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a checkpoint directory (trained, or converted from "
+                                                       "Hugging Face with aiayn convert)")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("--text", help="the input: a source sentence, a prompt, or a text to classify")
+    given.add_argument("-i", "--input", help="a UTF-8 file whose first non-blank line is the input; for an image "
+                                             "checkpoint, the image (PNG or .npy)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--html", metavar="OUT", help="write one self-contained HTML file (works offline) and exit")
+    out.add_argument("--png", metavar="DIR", help="write the views as PNG pictures into DIR and exit")
+    p.add_argument("--beam", type=int, default=None, help="translation: beam width (default the checkpoint's; 1 is "
+                                                          "greedy)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1, this machine only; another address makes the "
+                        "explorer and the model reachable from the network)")
+    p.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one input may run when served (default 60)")
+    _add_load_args(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.inspect import inspect_text, write_html
+
+        pre = _load(args)
+        image = pre.config.input == "patches"
+        if image:
+            from aiayn.inspect.image import inspect_image
+
+            if not (args.input or args.text):
+                raise AiaynError(f"{args.checkpoint}: reads images; give the image to inspect with -i IMAGE.png")
+            record = inspect_image(pre, args.input or args.text)
+        else:
+            text = args.text if args.text is not None else _first_line(args.input) if args.input else None
+            if text is None:
+                text = EXAMPLES.get(pre.task, "")
+            record = inspect_text(pre, text, beam=args.beam)
+        if args.html:
+            print(f"wrote {write_html(record, args.html)}")
+            return 0
+        if args.png:
+            from aiayn.inspect.pictures import write_pictures
+
+            files = write_pictures(record, args.png)
+            if image:
+                from aiayn.inspect.image import image_pictures
+
+                files += image_pictures(record, args.png)
+            print(f"wrote {len(files)} pictures into {args.png}")
+            return 0
+        from aiayn.inspect.server import Limits, is_loopback, serve
+
+        if not is_loopback(args.host):
+            print(f"aiayn inspect: warning: serving on {args.host}: anyone who reaches this address can run the "
+                  "model", file=sys.stderr)
+        print(f"aiayn inspect: the explorer is at http://{args.host}:{args.port}/ (Ctrl-C stops it)", flush=True)
+        serve(pre, record, args.host, args.port, Limits(timeout=args.timeout))
+        return 0
+
+    p.set_defaults(run=run)
+
+
+def _first_line(path: str) -> str:
+    """The first non-blank line of a UTF-8 file (an AiaynError naming the file otherwise)."""
+    from aiayn.data.text_io import read_lines
+
+    for line in read_lines(path):
+        if line.strip():
+            return line
+    raise AiaynError(f"{path}: no non-blank line; write the input on the first line")

@@ -1,0 +1,251 @@
+"""The inspection record of one input: everything the explorer shows, as a JSON-ready dict.
+
+:func:`inspect_text` runs a checkpoint on one text as its task does (a translation is decoded with beam search or
+greedily, then read back in one teacher-forced pass; a language model reads the text and predicts what comes next;
+a classifier predicts its class) and records, from that same forward pass (:func:`aiayn.inspect.capture`):
+
+``tokens``
+    ``{"encoder": [...], "decoder": [...]}``: the token strings each stack read (a decoder's row i reads token i
+    and predicts token i + 1).
+``attention``
+    ``{kind: [layer][head][query][key]}`` for the kinds the model has: ``encoder`` (self), ``decoder`` (causal
+    self), ``cross`` (decoder queries over encoder keys).
+``masks``
+    ``{kind: [query][key]}`` 1 where the pass let a query attend to a key (padding, causal, window, pattern), and
+    ``mask_notes``: what made each mask.
+``positions``
+    the position scheme: a table of absolute encodings (sinusoidal, learned), RoPE's frequencies and angles, or
+    the additive bias matrices (ALiBi, T5) the pass added, per head.
+``stats``
+    ``{kind: [layer][head] {entropy, distance, first, punctuation}}`` (:mod:`aiayn.inspect.stats`).
+``output``
+    translation: the decoded text and how; language model: ``next_token`` (the most likely next tokens with their
+    logits); classification: the labels with their probabilities and the prediction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.errors import AiaynError
+from aiayn.inspect.capture import AttentionCapture, Call, capture_attention
+from aiayn.inspect.stats import head_statistics
+from aiayn.pretrained import Pretrained
+
+#: how many next-token candidates a language model's record keeps (the explorer's temperature / top-k / top-p
+#: control works among them)
+NEXT_TOKENS = 256
+#: the most positions and dimensions of an absolute position table the record keeps
+TABLE_POSITIONS, TABLE_DIMS = 128, 128
+TASKS = ("translation", "lm", "classification", "mlm")
+
+
+def _round(x: Tensor, digits: int | None) -> Any:
+    values = x.detach().float().cpu()
+    if digits is not None:
+        values = torch.round(values, decimals=digits)
+    return values.tolist()
+
+
+def _tokens(tok: Any, ids: list[int]) -> list[str]:
+    return [tok.id_to_token(i) for i in ids]
+
+
+def _mask_of(call: Call, t: int, s: int) -> Tensor:
+    """(T, S) 1/0 of what row 0 of a call could attend to."""
+    if call.allowed is None:
+        return torch.ones(t, s)
+    allowed = call.allowed
+    while allowed.dim() > 2:
+        allowed = allowed[0]
+    return allowed.expand(t, s).float()
+
+
+def _notes(config: Any, kind: str) -> str:
+    parts = []
+    if kind == "decoder":
+        parts.append("causal")
+        if config.sliding_window is not None:
+            parts.append(f"sliding window of {config.sliding_window}")
+    if kind != "cross" and getattr(config, "attention_mask", "dense") != "dense":
+        parts.append(f"{config.attention_mask} pattern")
+    parts.append("padding (none in a single input)" if kind != "decoder" else "no padding in a single input")
+    return ", ".join(parts)
+
+
+def _attention(capture: AttentionCapture, kinds: dict[str, tuple[list[str], list[str]]], config: Any,
+               digits: int | None) -> dict[str, Any]:
+    """The attention, masks and statistics of one pass: ``kinds`` maps each kind to its (query, key) tokens."""
+    attention, masks, stats, notes = {}, {}, {}, {}
+    for kind, (queries, keys) in kinds.items():
+        layers = capture.kind(kind)
+        if not layers:
+            continue
+        calls = [calls[-1] for calls in layers]  # the pass of interest is the last call of each layer
+        weights = [c.weights[0] for c in calls]  # (H, T, S) each
+        attention[kind] = [_round(w, digits) for w in weights]
+        masks[kind] = _round(_mask_of(calls[0], len(queries), len(keys)), 0)
+        notes[kind] = _notes(config, kind)
+        stats[kind] = [head_statistics(w, keys, self_attention=kind != "cross") for w in weights]
+    return {"attention": attention, "masks": masks, "mask_notes": notes, "stats": stats}
+
+
+def _positions(model: nn.Module, capture: AttentionCapture, config: Any, length: int, digits: int | None,
+               kind: str) -> dict[str, Any]:
+    """The position scheme of the stack that ``kind`` records, as numbers to draw."""
+    stack = getattr(model, "encoder" if kind == "encoder" else "decoder")
+    out: dict[str, Any] = {"scheme": config.position}
+    n = max(1, min(config.max_len, max(length, 32), TABLE_POSITIONS))
+    if stack.abs_pos is not None:
+        table = stack.abs_pos(torch.arange(n, device=_device(model))[None])[0]  # (P, D)
+        out["table"] = _round(table[:, :TABLE_DIMS], digits)
+    elif stack.rotary is not None:
+        inv_freq = stack.rotary.inv_freq.float().cpu()  # (Dh/2,)
+        out["inv_freq"] = _round(inv_freq, None)
+        out["angles"] = _round(torch.cos(torch.arange(n, dtype=torch.float32)[:, None] * inv_freq), digits)
+    layers = capture.kind(kind)
+    if layers and layers[0][-1].bias is not None:
+        bias = layers[0][-1].bias
+        while bias.dim() > 3:
+            bias = bias[0]
+        out["bias"] = _round(bias.expand(config.n_heads, *bias.shape[-2:]), digits)  # (H, T, S)
+    return out
+
+
+def _model_summary(pre: Pretrained) -> dict[str, Any]:
+    c = pre.config
+    return {"task": pre.task, "name": c.name, "arch": c.arch, "n_layers": c.n_layers,
+            "encoder_layers": c.encoder_layers if c.arch != "decoder" else 0, "n_heads": c.n_heads,
+            "d_model": c.d_model, "position": c.position, "norm_position": c.norm_position}
+
+
+@torch.no_grad()
+def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, layers: list[int] | None = None,
+                 digits: int | None = 5) -> dict[str, Any]:
+    """The inspection record of ``text`` for a loaded checkpoint (see the module docstring).
+
+    Args:
+        pre: a checkpoint from :func:`aiayn.pretrained.load_pretrained` (accelerated or not: the weights come from
+            the pass that computes the output either way).
+        text: one input: a source sentence, a prompt, or a text to classify.
+        beam: translation only: the beam width (default the checkpoint's ``decode.beam``; 1 is greedy).
+        layers: record these layers only (default all).
+        digits: decimals kept of each weight (None: full float32 precision).
+    Raises:
+        AiaynError: an empty input, or a checkpoint of an unknown task.
+    """
+    if not text.strip():
+        raise AiaynError("the input is empty; give a sentence to inspect")
+    if pre.config.input == "patches":
+        raise AiaynError("this checkpoint reads images, not text: inspect one with aiayn inspect -i IMAGE.png")
+    if pre.task not in TASKS:
+        raise AiaynError(f"a {pre.task!r} checkpoint: aiayn inspect reads {', '.join(TASKS)} checkpoints")
+    pre.model.eval()
+    run = {"translation": _translation, "lm": _lm, "classification": _classification, "mlm": _mlm}[pre.task]
+    record = run(pre, text, beam=beam, layers=layers, digits=digits)
+    return {"input": text, "model": _model_summary(pre), **record}
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _translation(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+                 digits: int | None) -> dict[str, Any]:
+    from aiayn.generate import translate
+    from aiayn.generate.translate import source_limit
+    from aiayn.tasks.translation import source_ids
+
+    src_tok, tgt_tok, model = pre.tokenizers["src"], pre.tokenizers["tgt"], pre.model
+    decode = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, **(pre.meta.get("decode") or {})}
+    beam = int(decode["beam"] if beam is None else beam)
+    ids = source_ids(src_tok, text, source_limit(model))
+    src = torch.tensor([ids], device=_device(model))
+    forced = decode.get("forced_bos_id")
+    hyp = translate(model, src, beam_size=beam, alpha=decode["alpha"], max_len_a=decode["max_len_a"],
+                    max_len_b=decode["max_len_b"], bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id,
+                    pad_id=tgt_tok.pad_id, start_id=tgt_tok.decoder_start_id, vocab_size=tgt_tok.vocab_size,
+                    forced_first_id=forced)[0][0]
+    start = [tgt_tok.decoder_start_id] + ([forced] if forced is not None else [])
+    out_ids = list(hyp.tokens)
+    tgt_in = torch.tensor([start + [i for i in out_ids if i != tgt_tok.eos_id]], device=src.device)
+    with capture_attention(model, layers) as capture:
+        model(src, tgt_in, compute_logits=False)
+    enc, dec = _tokens(src_tok, ids), _tokens(tgt_tok, tgt_in[0].tolist())
+    record = _attention(capture, {"encoder": (enc, enc), "decoder": (dec, dec), "cross": (dec, enc)},
+                        pre.config, digits)
+    return {"tokens": {"encoder": enc, "decoder": dec}, **record,
+            "positions": {k: _positions(model, capture, pre.config, len(t), digits, k)
+                          for k, t in (("encoder", enc), ("decoder", dec))},
+            "output": {"kind": "translation", "text": tgt_tok.decode(out_ids), "tokens": _tokens(tgt_tok, out_ids),
+                       "method": "greedy" if beam == 1 else f"beam search, {beam} beams",
+                       "score": float(hyp.score)}}
+
+
+def _lm(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+        digits: int | None) -> dict[str, Any]:
+    from aiayn.tasks.lm import codec_from_meta
+
+    model, codec = pre.model, codec_from_meta(pre.tokenizers["text"], pre.meta)
+    context = min(pre.meta.get("block_size") or pre.config.max_len, pre.config.max_len)
+    ids = codec.encode(text)[-context:]
+    with capture_attention(model, layers) as capture:
+        logits = model(torch.tensor([ids], device=_device(model))).logits[0, -1].float()  # (V,)
+    tok = codec.tokenizer
+    tokens = _tokens(tok, ids)
+    top = torch.topk(logits, min(NEXT_TOKENS, logits.numel()))
+    log_z = float(torch.logsumexp(logits, 0))
+    record = _attention(capture, {"decoder": (tokens, tokens)}, pre.config, digits)
+    return {"tokens": {"decoder": tokens}, **record,
+            "positions": {"decoder": _positions(model, capture, pre.config, len(tokens), digits, "decoder")},
+            "output": {"kind": "next_token", "tokens": _tokens(tok, top.indices.tolist()),
+                       "ids": top.indices.tolist(), "logits": _round(top.values, 4), "log_z": log_z,
+                       "vocab_size": int(logits.numel())}}
+
+
+def _encoder_ids(pre: Pretrained, text: str) -> list[int]:
+    from aiayn.data.classification import collate_classification
+    from aiayn.tasks.classification import encode_for_classifier
+
+    tok = pre.tokenizers["text"]
+    max_len = int(pre.meta.get("max_len") or pre.config.max_len)
+    batch = collate_classification(encode_for_classifier(tok, [text]), [0], tok.pad_id, max_len, cls_id=tok.bos_id)
+    return batch.input_ids[0].tolist()
+
+
+def _classification(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+                    digits: int | None) -> dict[str, Any]:
+    from aiayn.tasks.classification import display_labels
+
+    model, tok = pre.model, pre.tokenizers["text"]
+    ids = _encoder_ids(pre, text)
+    x = torch.tensor([ids], device=_device(model))
+    with capture_attention(model, layers) as capture:
+        probs = model(x, torch.ones_like(x, dtype=torch.bool), task="classify").logits[0].float().softmax(-1)
+    tokens = _tokens(tok, ids)
+    labels = display_labels(pre.meta)
+    best = int(probs.argmax())
+    record = _attention(capture, {"encoder": (tokens, tokens)}, pre.config, digits)
+    return {"tokens": {"encoder": tokens}, **record,
+            "positions": {"encoder": _positions(model, capture, pre.config, len(tokens), digits, "encoder")},
+            "output": {"kind": "classification", "labels": labels, "probs": _round(probs, 6),
+                       "prediction": labels[best], "probability": float(probs[best])}}
+
+
+def _mlm(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+         digits: int | None) -> dict[str, Any]:
+    model, tok = pre.model, pre.tokenizers["text"]
+    ids = _encoder_ids(pre, text)
+    x = torch.tensor([ids], device=_device(model))
+    with capture_attention(model, layers) as capture:
+        logits = model(x, torch.ones_like(x, dtype=torch.bool)).logits[0].float()  # (T, V)
+    tokens = _tokens(tok, ids)
+    record = _attention(capture, {"encoder": (tokens, tokens)}, pre.config, digits)
+    best = logits.argmax(-1).tolist()
+    return {"tokens": {"encoder": tokens}, **record,
+            "positions": {"encoder": _positions(model, capture, pre.config, len(tokens), digits, "encoder")},
+            "output": {"kind": "masked_lm", "predicted": _tokens(tok, best)}}
+
