@@ -1,8 +1,9 @@
 """How far past their training context do position schemes carry? Char-level Tiny Shakespeare models trained at
 context 128, scored at 128, 256, 512 and 1024.
 
-Five models differ only in ``position``: sinusoidal, learned (a 1024-row table of which training reaches the first
-128), RoPE, ALiBi and T5's relative bias. The RoPE model is scored four ways: as trained, and with linear position
+Five models differ only in ``position``: sinusoidal (with the paper's sqrt(d_model) embedding scale, so that the
+encodings do not swamp the embeddings), learned (a 1024-row table of which training reaches the first 128), RoPE,
+ALiBi and T5's relative bias. The RoPE model is scored four ways: as trained, and with linear position
 interpolation, NTK-aware scaling and YaRN, each with the factor L / 128 at length L (applied only past 128). Each
 score is the mean per-character loss (nats) over the validation text (the last 10%, as the recipe splits it) cut
 into non-overlapping windows of L characters, every position of a window scored.
@@ -44,6 +45,8 @@ def train(out: Path, scheme: str, steps: int, threads: int) -> Path:
                  "model.d_ff=512", f"train.max_steps={steps}", f"train.warmup={max(1, steps // 10)}",
                  f"train.out_dir={run.as_posix()}", f"train.threads={threads}", "train.max_minutes=120",
                  f"train.eval_every={steps}", "train.progress=false", "data.block_size=128"]
+    if scheme == "sinusoidal":  # the paper scales embeddings by sqrt(d_model) to the encodings' size
+        overrides.append("model.scale_embeddings=true")
     run_recipe(str(RECIPE), overrides)
     return run / "best"
 
