@@ -18,6 +18,7 @@ import torch
 from test_translation import _recipe
 
 from aiayn.cli.main import main
+from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
 from aiayn.train.checkpoint import load_training_state, read_state_dict
@@ -78,7 +79,7 @@ def test_ddp_on_two_ranks_makes_the_updates_of_one_process_accumulating_two(
 
 
 def test_fsdp_on_two_ranks_makes_the_updates_of_one_process_and_its_shards_export(
-        tmp_path: Path, corpus_dir: Path, accumulated: Path) -> None:
+        tmp_path: Path, corpus_dir: Path, accumulated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _train(tmp_path / "two", corpus_dir, *EXACT, *FSDP, "--nproc", "2") == 0
     run = tmp_path / "two" / "run"
     assert _losses(run) == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
@@ -96,6 +97,17 @@ def test_fsdp_on_two_ranks_makes_the_updates_of_one_process_and_its_shards_expor
     assert not has_sharded(exported) and (exported / "tokenizer.json").is_file()
     assert _max_difference(read_state_dict(exported), read_state_dict(last)) == 0.0
     assert _max_difference(_weights(exported), _weights(last)) == 0.0
+    # shards that do not fit (DCP raises a BaseException, not an Exception) are one clear error
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from aiayn.train import dcp_checkpoint
+
+    def refuse(*args, **kwargs):
+        raise CheckpointException("size mismatch", {})
+
+    monkeypatch.setattr(dcp_checkpoint, "_dcp_load", refuse)
+    with pytest.raises(AiaynError, match="the shards do not fit the model"):
+        export_sharded(last, tmp_path / "exported-again")
 
 
 def test_a_sharded_run_resumes_on_one_rank_and_on_four(tmp_path: Path, corpus_dir: Path, accumulated: Path,

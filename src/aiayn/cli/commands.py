@@ -185,7 +185,7 @@ def _translate(p: argparse.ArgumentParser) -> None:
         _write_output(args.output, text)
         if args.attention:
             lower = [x.lower() for x in lines] if loaded[0].meta.get("lowercase") else lines
-            write_attention(args.attention, loaded[0], lower, beam=args.beam)
+            write_attention(args.attention, loaded[0], lower, beam=args.beam, alpha=args.alpha)
         return 0
 
     p.set_defaults(run=run)

@@ -23,7 +23,8 @@ def render_html(record: dict[str, Any], *, served: bool = False) -> str:
     Returns:
         the HTML text.
     """
-    data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    # every "<" escaped, so no text of the record ("</script>", "<!--") can end or bend the script element
+    data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     page = _static("explorer.html")
     for marker, value in (("/*STYLE*/", _static("explorer.css")), ("/*SCRIPT*/", _static("explorer.js")),
                           ("/*SERVED*/", "1" if served else "0"), ("/*RECORD*/", data)):

@@ -123,8 +123,8 @@ def _model_summary(pre: Pretrained) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, layers: list[int] | None = None,
-                 digits: int | None = 5) -> dict[str, Any]:
+def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, alpha: float | None = None,
+                 layers: list[int] | None = None, digits: int | None = 5) -> dict[str, Any]:
     """The inspection record of ``text`` for a loaded checkpoint (see the module docstring).
 
     Args:
@@ -132,6 +132,7 @@ def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, layers:
             the pass that computes the output either way).
         text: one input: a source sentence, a prompt, or a text to classify.
         beam: translation only: the beam width (default the checkpoint's ``decode.beam``; 1 is greedy).
+        alpha: translation only: the length penalty (default the checkpoint's ``decode.alpha``).
         layers: record these layers only (default all).
         digits: decimals kept of each weight (None: full float32 precision).
     Raises:
@@ -144,8 +145,11 @@ def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, layers:
     if pre.task not in TASKS:
         raise AiaynError(f"a {pre.task!r} checkpoint: aiayn inspect reads {', '.join(TASKS)} checkpoints")
     pre.model.eval()
-    run = {"translation": _translation, "lm": _lm, "classification": _classification, "mlm": _mlm}[pre.task]
-    record = run(pre, text, beam=beam, layers=layers, digits=digits)
+    if pre.task == "translation":
+        record = _translation(pre, text, beam=beam, alpha=alpha, layers=layers, digits=digits)
+    else:
+        run = {"lm": _lm, "classification": _classification, "mlm": _mlm}[pre.task]
+        record = run(pre, text, layers=layers, digits=digits)
     return {"input": text, "model": _model_summary(pre), **record}
 
 
@@ -153,7 +157,7 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _translation(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float | None, layers: list[int] | None,
                  digits: int | None) -> dict[str, Any]:
     from aiayn.generate import translate
     from aiayn.generate.translate import source_limit
@@ -162,6 +166,7 @@ def _translation(pre: Pretrained, text: str, *, beam: int | None, layers: list[i
     src_tok, tgt_tok, model = pre.tokenizers["src"], pre.tokenizers["tgt"], pre.model
     decode = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, **(pre.meta.get("decode") or {})}
     beam = int(decode["beam"] if beam is None else beam)
+    decode["alpha"] = decode["alpha"] if alpha is None else alpha
     ids = source_ids(src_tok, text, source_limit(model))
     src = torch.tensor([ids], device=_device(model))
     forced = decode.get("forced_bos_id")
@@ -185,7 +190,7 @@ def _translation(pre: Pretrained, text: str, *, beam: int | None, layers: list[i
                        "score": float(hyp.score)}}
 
 
-def _lm(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+def _lm(pre: Pretrained, text: str, *, layers: list[int] | None,
         digits: int | None) -> dict[str, Any]:
     from aiayn.tasks.lm import codec_from_meta
 
@@ -216,7 +221,7 @@ def _encoder_ids(pre: Pretrained, text: str) -> list[int]:
     return batch.input_ids[0].tolist()
 
 
-def _classification(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+def _classification(pre: Pretrained, text: str, *, layers: list[int] | None,
                     digits: int | None) -> dict[str, Any]:
     from aiayn.tasks.classification import display_labels
 
@@ -235,7 +240,7 @@ def _classification(pre: Pretrained, text: str, *, beam: int | None, layers: lis
                        "prediction": labels[best], "probability": float(probs[best])}}
 
 
-def _mlm(pre: Pretrained, text: str, *, beam: int | None, layers: list[int] | None,
+def _mlm(pre: Pretrained, text: str, *, layers: list[int] | None,
          digits: int | None) -> dict[str, Any]:
     model, tok = pre.model, pre.tokenizers["text"]
     ids = _encoder_ids(pre, text)

@@ -6,7 +6,8 @@ the new inspection record. The server binds the loopback address unless told oth
 - a body over :attr:`Limits.max_body` bytes is refused with 413, before it is read whole;
 - a body that is not a JSON object with a non-empty ``text`` of at most :attr:`Limits.max_chars` characters
   (and an optional whole ``beam`` from 1 to 16) gets 422 with a message;
-- at most :attr:`Limits.concurrency` inputs run at once; one more gets 429 with ``Retry-After``;
+- at most :attr:`Limits.concurrency` inputs are accepted at once (they run one after another on the one model);
+  one more gets 429 with ``Retry-After``;
 - an input that runs past :attr:`Limits.timeout` seconds gets 504 (it finishes in the background, keeping its
   slot until then).
 """
@@ -61,6 +62,7 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
     from aiayn.inspect.record import inspect_text
 
     slots = threading.BoundedSemaphore(limits.concurrency)
+    model_lock = threading.Lock()  # a recording pass sets recorders on the one model: passes take turns
     page = render_html(first, served=True)
 
     def error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -107,7 +109,8 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
 
         def work() -> None:
             try:
-                result["record"] = inspect_text(pre, body["text"], beam=body.get("beam"))
+                with model_lock:
+                    result["record"] = inspect_text(pre, body["text"], beam=body.get("beam"))
             except AiaynError as e:
                 result["error"] = str(e)
             except Exception as e:  # noqa: BLE001 - the server answers 500 with the reason and goes on

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import CONFIG_FILE, checkpoint_dir, load_config, save_checkpoint
@@ -141,7 +142,7 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
     state = {"model": model_state, "optim": optim_state}
     try:
         _dcp_load(state, directory / DCP_DIR)
-    except (RuntimeError, ValueError, KeyError) as e:
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as e:  # DCP's is a BaseException
         raise AiaynError(f"{directory / DCP_DIR}: the sharded state does not fit this model and optimizer ({e}); "
                          "resume with the original [model] and train.optimizer") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -187,7 +188,11 @@ def export_sharded(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     config = load_config(directory)
     model = build_model(ModelConfig.from_dict(config["model"], str(directory / CONFIG_FILE)))
     state = {"model": model.state_dict()}
-    _dcp_load(state, directory / DCP_DIR)
+    try:
+        _dcp_load(state, directory / DCP_DIR)
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
+        raise AiaynError(f"{directory / DCP_DIR}: the shards do not fit the model of {directory / CONFIG_FILE} ({e}); "
+                         "the folder is damaged or from another run") from e
     model.load_state_dict(state["model"])
     tokenizers = [f for f in sorted(directory.iterdir()) if f.is_file() and f.name not in OWN_FILES]
     target = save_checkpoint(out, model, config, tokenizer_writer=tokenizers)

@@ -51,7 +51,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, module: MultiHe
     hkv = k.shape[1]
     folded = q.reshape(b, hkv, (h // hkv) * t, dh)  # head h = kv * (H/Hkv) + j, as the core's expansion orders them
     out, _ = scaled_dot_product_attention(folded, k, v, mask=mask, backend=module.backend, scale=module.scale)
-    return out.view(b, h, t, dh)
+    return out.reshape(b, h, t, dh)  # a fused kernel may return it transposed (not viewable)
 
 
 class StaticDecodeStep:
