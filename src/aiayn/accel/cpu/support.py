@@ -7,10 +7,9 @@ values cover) the model is what the fast paths were written for, at any other va
 
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 
+from aiayn.accel.support_table import unsupported_fields
 from aiayn.config import ModelConfig
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import MultiHeadAttention
@@ -63,18 +62,7 @@ STEP_MODULES: tuple[type[nn.Module], ...] = (TransformerLayer, MultiHeadAttentio
 
 def unsupported(config: ModelConfig) -> list[str]:
     """The config's choices that the fast paths do not implement, as "field=value" strings (empty: all supported)."""
-    problems = []
-    defaults = ModelConfig()
-    for f in dataclasses.fields(ModelConfig):
-        value = vars(config)[f.name]  # as given: head_dim is null unless set, whatever width it derives
-        if f.name in NEUTRAL:
-            continue
-        if f.name in SUPPORTED:
-            if value not in SUPPORTED[f.name]:
-                problems.append(f"{f.name}={value!r}")
-        elif value != vars(defaults)[f.name]:
-            problems.append(f"{f.name}={value!r}")
-    return problems
+    return unsupported_fields(config, SUPPORTED, NEUTRAL)
 
 
 def attention_supports(module: MultiHeadAttention) -> bool:

@@ -7,11 +7,10 @@ declined until someone implements it in the step and lists it.
 
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 from torch.nn.modules import module as torch_module
 
+from aiayn.accel.support_table import unsupported_fields
 from aiayn.config import ModelConfig
 from aiayn.models.stack import TransformerStack
 from aiayn.nn.attention import MultiHeadAttention
@@ -66,18 +65,7 @@ def unsupported(config: ModelConfig) -> list[str]:
     """The config's choices that the static step does not implement, as "field=value" strings (empty: all
     supported). Declined, among others: ALiBi and T5 biases, a sliding window, sparse attention patterns, linear
     attention, score soft-capping, mixtures of experts, the tiled and FlexAttention backends."""
-    problems = []
-    defaults = ModelConfig()
-    for f in dataclasses.fields(ModelConfig):
-        value = vars(config)[f.name]
-        if f.name in NEUTRAL:
-            continue
-        if f.name in SUPPORTED:
-            if value not in SUPPORTED[f.name]:
-                problems.append(f"{f.name}={value!r}")
-        elif value != vars(defaults)[f.name]:
-            problems.append(f"{f.name}={value!r}")
-    return problems
+    return unsupported_fields(config, SUPPORTED, NEUTRAL)
 
 
 #: the position modules whose tables the step reads (None: no such module)
