@@ -17,7 +17,6 @@ already trained under OUT (its ``best/``) is reused.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import time
@@ -75,8 +74,7 @@ def scaled(pre: Any, scaling: str, factor: float) -> torch.nn.Module:
     from aiayn.accel import accelerate
     from aiayn.models.build import build_model
 
-    config = dataclasses.replace(pre.config, rope_scaling=scaling, rope_scaling_factor=factor,
-                                 rope_original_max_len=128)
+    config = pre.config.replace(rope_scaling=scaling, rope_scaling_factor=factor, rope_original_max_len=128)
     model = build_model(config).eval()
     model.load_state_dict(pre.model.state_dict())
     return accelerate(model, "decode")

@@ -273,8 +273,8 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
     p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
-    _add_decode_args(p, batch_help="sentences decoded together (translation), texts (classification) or context "
-                                   "windows (lm) per forward pass (default 64)")
+    _add_decode_args(p, batch_help="sentences decoded together (translation), texts or images (classification) or "
+                                   "context windows (lm) per forward pass (default 64)")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:

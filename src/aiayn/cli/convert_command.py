@@ -8,8 +8,9 @@ import sys
 from aiayn.cli.commands import command
 
 
-@command("convert", "Convert a Hugging Face transformers model (a folder, or a Hub name in the local cache) into an "
-                    "aiayn checkpoint (--from-hf), or an aiayn checkpoint into a transformers folder (--to-hf).")
+@command("convert", "Convert a Hugging Face transformers model (a folder, or a Hub name: from the local cache, else "
+                    "downloaded) into an aiayn checkpoint (--from-hf), or an aiayn checkpoint into a transformers "
+                    "folder (--to-hf).")
 def _convert(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--from-hf", metavar="PATH_OR_NAME",

@@ -39,7 +39,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
     _add_on_long_arg(p, "generate from the prompt's last block_size // 2 tokens")
-    _add_attention_arg(p, "each prompt and its continuation")
+    _add_attention_arg(p, "each prompt and its continuation (the text encoded again, its last block_size tokens)")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -118,7 +118,7 @@ def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
     p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin. Image "
                                          "checkpoints: a file of image paths, one per line, or one .png/.npy image")
-    p.add_argument("--batch-size", type=int, default=128, help="texts per forward pass (default 128)")
+    p.add_argument("--batch-size", type=int, default=128, help="texts (or images) per forward pass (default 128)")
     _add_on_long_arg(p, "classify its first max_len - 1 tokens")
     _add_load_args(p)
 

@@ -25,9 +25,9 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.hf.bert import activation_from_hf, activation_to_hf, number
 from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
+from aiayn.tasks.translation import DECODE_DEFAULTS
 
 #: the translation task's decoding defaults for a converted model (aiayn's: beam 4, GNMT alpha 0.6, input + 50)
-DECODE = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 
 
 def translation_meta(hf: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def translation_meta(hf: dict[str, Any]) -> dict[str, Any]:
     config's ``num_beams`` when it names more than one and its ``forced_bos_token_id`` as ``forced_bos_id``; no
     lower-casing."""
     beams = hf.get("num_beams")
-    decode = {**DECODE, **({"beam": int(beams)} if isinstance(beams, int) and beams > 1 else {})}
+    decode = {**DECODE_DEFAULTS, **({"beam": int(beams)} if isinstance(beams, int) and beams > 1 else {})}
     forced = hf.get("forced_bos_token_id")  # every output begins with it (bart-large-cnn, mBART-like models)
     if isinstance(forced, int) and not isinstance(forced, bool):
         decode["forced_bos_id"] = forced
@@ -221,14 +221,13 @@ def marian_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
     return _state_to_hf(state, config, learned_positions=False)
 
 
-_TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
 
 register(Family(name="bart", model_types=("bart",), task="translation", hf_class="BartForConditionalGeneration",
                 config_from_hf=bart_config_from_hf, state_from_hf=bart_state_from_hf,
                 config_to_hf=bart_config_to_hf, state_to_hf=bart_state_to_hf,
-                architectures=("BartForConditionalGeneration", "BartModel"), tied_keys=_TIED))
+                architectures=("BartForConditionalGeneration", "BartModel")))
 
 register(Family(name="marian", model_types=("marian",), task="translation", hf_class="MarianMTModel",
                 config_from_hf=marian_config_from_hf, state_from_hf=marian_state_from_hf,
                 config_to_hf=marian_config_to_hf, state_to_hf=marian_state_to_hf,
-                architectures=("MarianMTModel",), tied_keys=_TIED))
+                architectures=("MarianMTModel",)))

@@ -260,8 +260,7 @@ def classifier_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
 register(Family(name="bert", model_types=("bert",), task="mlm", hf_class="BertForMaskedLM",
                 config_from_hf=mlm_config_from_hf, state_from_hf=mlm_state_from_hf,
                 config_to_hf=mlm_config_to_hf, state_to_hf=mlm_state_to_hf,
-                architectures=("BertForMaskedLM", "BertForPreTraining"),
-                tied_keys=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")))
+                architectures=("BertForMaskedLM", "BertForPreTraining")))
 
 register(Family(name="bert-classifier", model_types=("bert",), task="classification",
                 hf_class="BertForSequenceClassification", config_from_hf=classifier_config_from_hf,

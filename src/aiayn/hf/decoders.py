@@ -146,7 +146,7 @@ def gpt2_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
 register(Family(name="gpt2", model_types=("gpt2",), task="lm", hf_class="GPT2LMHeadModel",
                 config_from_hf=gpt2_config_from_hf, state_from_hf=gpt2_state_from_hf,
                 config_to_hf=gpt2_config_to_hf, state_to_hf=gpt2_state_to_hf,
-                architectures=("GPT2LMHeadModel", "GPT2Model"), tied_keys=("lm_head.weight",)))
+                architectures=("GPT2LMHeadModel", "GPT2Model")))
 
 
 # ---------------------------------------------------------------------------------------------- LLaMA-like
@@ -337,7 +337,7 @@ def llama_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, A
 register(Family(name="llama", model_types=("llama",), task="lm", hf_class="LlamaForCausalLM",
                 config_from_hf=llama_config_from_hf, state_from_hf=llama_like_state_from_hf,
                 config_to_hf=llama_config_to_hf, state_to_hf=llama_like_state_to_hf,
-                architectures=("LlamaForCausalLM",), tied_keys=("lm_head.weight",)))
+                architectures=("LlamaForCausalLM",)))
 
 
 # Mistral ----------------------------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def mistral_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str,
 register(Family(name="mistral", model_types=("mistral",), task="lm", hf_class="MistralForCausalLM",
                 config_from_hf=mistral_config_from_hf, state_from_hf=llama_like_state_from_hf,
                 config_to_hf=mistral_config_to_hf, state_to_hf=llama_like_state_to_hf,
-                architectures=("MistralForCausalLM",), tied_keys=("lm_head.weight",)))
+                architectures=("MistralForCausalLM",)))
 
 
 # Qwen2 ------------------------------------------------------------------------------------------------------------
@@ -386,4 +386,4 @@ def qwen2_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, A
 register(Family(name="qwen2", model_types=("qwen2",), task="lm", hf_class="Qwen2ForCausalLM",
                 config_from_hf=qwen2_config_from_hf, state_from_hf=llama_like_state_from_hf,
                 config_to_hf=qwen2_config_to_hf, state_to_hf=llama_like_state_to_hf,
-                architectures=("Qwen2ForCausalLM",), tied_keys=("lm_head.weight",)))
+                architectures=("Qwen2ForCausalLM",)))

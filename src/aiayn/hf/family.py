@@ -37,7 +37,7 @@ stores it under every role the task reads (lm, mlm, classification: ``text``; tr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -64,10 +64,6 @@ class Family:
         config_from_hf, state_from_hf, config_to_hf, state_to_hf: the four maps (see the module docstring).
         architectures: further ``architectures`` names this family reads (the heads a folder may name); empty
             means any.
-        accepts: optional test ``accepts(hf) -> bool`` that picks this family among several registered for the
-            same ``model_type`` (for example a classifier head versus a masked-LM head); None accepts all.
-        tied_keys: transformers keys that are tied to another weight and not stored (``lm_head.weight`` of a
-            GPT-2), as written in ``_tied_weights_keys``; the reader accepts folders that store them or not.
     """
 
     name: str
@@ -79,15 +75,11 @@ class Family:
     config_to_hf: ConfigToHF
     state_to_hf: StateToHF
     architectures: tuple[str, ...] = ()
-    accepts: Callable[[dict[str, Any]], bool] | None = None
-    tied_keys: tuple[str, ...] = field(default=())
 
     def reads(self, hf: dict[str, Any]) -> bool:
         """Whether this family converts the transformers config ``hf``."""
         if hf.get("model_type") not in self.model_types:
             return False
-        if self.accepts is not None:
-            return bool(self.accepts(hf))
         archs = hf.get("architectures") or []
         return not self.architectures or not archs or any(a in self.architectures for a in archs)
 
@@ -136,11 +128,7 @@ def _load_builtin() -> None:
     import importlib
 
     for module in BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:  # pragma: no cover - only while a family module is being written
-            if e.name != module:
-                raise
+        importlib.import_module(module)
 
 
 class StateReader:

@@ -31,8 +31,6 @@ from aiayn.tokenize.pretrained import read_json_object
 CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "spiece.model", "vocab.txt", "source.spm", "target.spm")
 
 
 def read_json(path: Path) -> dict[str, Any]:

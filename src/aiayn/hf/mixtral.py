@@ -85,4 +85,4 @@ def mixtral_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str,
 register(Family(name="mixtral", model_types=("mixtral",), task="lm", hf_class="MixtralForCausalLM",
                 config_from_hf=mixtral_config_from_hf, state_from_hf=mixtral_state_from_hf,
                 config_to_hf=mixtral_config_to_hf, state_to_hf=mixtral_state_to_hf,
-                architectures=("MixtralForCausalLM",), tied_keys=("lm_head.weight",)))
+                architectures=("MixtralForCausalLM",)))

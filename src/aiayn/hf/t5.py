@@ -184,5 +184,4 @@ def t5_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
 
 register(Family(name="t5", model_types=("t5",), task="translation", hf_class="T5ForConditionalGeneration",
                 config_from_hf=t5_config_from_hf, state_from_hf=t5_state_from_hf, config_to_hf=t5_config_to_hf,
-                state_to_hf=t5_state_to_hf, architectures=("T5ForConditionalGeneration",),
-                tied_keys=("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")))
+                state_to_hf=t5_state_to_hf, architectures=("T5ForConditionalGeneration",)))

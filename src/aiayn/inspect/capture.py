@@ -48,19 +48,19 @@ class AttentionCapture:
 
     def kind(self, kind: str) -> list[list[Call]]:
         """The calls of one kind ("encoder", "decoder", "cross") by layer: ``[layer][call]``."""
-        layers = sorted((int(name.split(".")[2]), calls) for name, calls in self.calls.items()
-                        if KINDS.get(f"{name.split('.')[0]}.{name.split('.')[-1]}") == kind)
+        layers = sorted((_layer_of(name), calls) for name, calls in self.calls.items() if _kind_of(name) == kind)
         return [calls for _, calls in layers]
 
-    def clear(self) -> None:
-        """Forget what was recorded (the modules keep recording)."""
-        for calls in self.calls.values():
-            calls.clear()
 
 
 def attention_modules(model: nn.Module) -> dict[str, MultiHeadAttention]:
     """Every attention module of ``model`` by its path (``decoder.layers.0.self_attn``, ...)."""
     return {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+
+
+def _kind_of(name: str) -> str | None:
+    """A module path's record kind ("encoder", "decoder", "cross"; None for another attention module)."""
+    return KINDS.get(f"{name.split('.')[0]}.{name.split('.')[-1]}")
 
 
 def _layer_of(name: str) -> int | None:
@@ -85,7 +85,7 @@ def capture_attention(model: nn.Module, layers: Iterable[int] | None = None,
     capture = AttentionCapture()
     chosen: list[MultiHeadAttention] = []
     for name, module in attention_modules(model).items():
-        kind = KINDS.get(f"{name.split('.')[0]}.{name.split('.')[-1]}")
+        kind = _kind_of(name)
         layer = _layer_of(name)
         if kind not in wanted_kinds or (wanted_layers is not None and layer not in wanted_layers):
             continue

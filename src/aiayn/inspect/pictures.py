@@ -50,7 +50,8 @@ def _drawings(record: dict[str, Any]) -> dict[str, Callable[[], Any]]:
                     title=f"alignment: target over source, layer {layer}, mean of heads")
     for kind, mask in record["masks"].items():
         out[f"mask_{kind}.png"] = partial(matrix_figure, mask, _queries(record, kind), _keys(record, kind),
-                                          cmap="Greys", title=f"{NAMES[kind]} mask: {record['mask_notes'][kind]}")
+                                          cmap="Greys", value_range=(0.0, 1.0),
+                                          title=f"{NAMES[kind]} mask: {record['mask_notes'][kind]}")
     for stack, pos in record["positions"].items():
         if "table" in pos:
             out[f"positions_{stack}.png"] = partial(matrix_figure, pos["table"], cmap="RdBu_r", symmetric=True,

@@ -161,10 +161,10 @@ def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float |
                  digits: int | None) -> dict[str, Any]:
     from aiayn.generate import translate
     from aiayn.generate.translate import source_limit
-    from aiayn.tasks.translation import source_ids
+    from aiayn.tasks.translation import DECODE_DEFAULTS, source_ids
 
     src_tok, tgt_tok, model = pre.tokenizers["src"], pre.tokenizers["tgt"], pre.model
-    decode = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, **(pre.meta.get("decode") or {})}
+    decode = {**DECODE_DEFAULTS, **(pre.meta.get("decode") or {})}
     beam = int(decode["beam"] if beam is None else beam)
     decode["alpha"] = decode["alpha"] if alpha is None else alpha
     ids = source_ids(src_tok, text, source_limit(model))

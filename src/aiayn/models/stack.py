@@ -133,8 +133,8 @@ class TransformerStack(nn.Module):
             return M.block_sparse_mask(t, c.sparse_block, c.sparse_local_blocks, c.sparse_stride, causal=self.causal,
                                        device=device, s=s)
         if c.attention_mask == "local_global":
-            return M.local_global_mask(t, c.local_window, list(range(min(c.global_tokens, s))), causal=self.causal,
-                                       device=device, s=s)
+            return M.local_global_mask(t, c.local_window, torch.arange(min(c.global_tokens, s), device=device),
+                                       causal=self.causal, device=device, s=s)
         return None
 
     def project_memory(self, memory: Tensor, cache: DecoderCache) -> None:

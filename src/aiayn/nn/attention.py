@@ -79,11 +79,7 @@ def scaled_dot_product_attention(
         backend = "reference"  # torch's fused kernel neither returns weights nor caps scores
     blockwise = backend in ("tiled", "flex")  # these mask causally by index, without a (T, S) mask
     if is_causal and not blockwise and (mask is not None or bias is not None or t != s or backend == "reference"):
-        from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
-
-        causal = causal_mask(t, s, device=q.device)
-        mask = causal if mask is None else mask & causal
-        is_causal = False
+        mask, is_causal = _with_causal(mask, True, t, s, q.device), False
     empty_rows = None
     if mask is not None:
         # (B|1, H|1, T, 1): rows with no allowed key. They attend everywhere (finite math, no NaN) and
@@ -330,7 +326,9 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = self.attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
                                        return_weights=return_weights)
-            if recorder is not None:  # the output's own q and k; the kernel that made the output is unchanged
+            if recorder is not None and weights is not None:  # the reference already computed them
+                recorded, applied = weights, _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+            elif recorder is not None:  # the output's own q and k; the kernel that made the output is unchanged
                 recorded, applied = attention_weights(q, k, mask, bias, is_causal=is_causal, scale=self.scale,
                                                       softcap=self.softcap)
         if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)

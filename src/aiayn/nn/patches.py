@@ -50,11 +50,6 @@ class PatchEmbedding(nn.Module):
         self.proj = nn.Linear(channels * patch_size * patch_size, d_model, bias=bias)
         self.cls_token = nn.Parameter(torch.randn(d_model) * 0.02) if cls_token else None
 
-    @property
-    def n_patches(self) -> int:
-        """N = (image_size / patch_size)^2."""
-        return (self.image_size // self.patch_size) ** 2
-
     def forward(self, images: Tensor) -> Tensor:
         """images (B, C, H, W) -> (B, N + 1, D) with the CLS token at row 0, or (B, N, D) without one.
 
@@ -65,8 +60,7 @@ class PatchEmbedding(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != want:
             raise ValueError(f"images of shape {tuple(images.shape)}: this model reads (B, {', '.join(map(str, want))})"
                              " images (channels, height, width); resize them or build the model for their size")
-        dtype = next((q.dtype for q in self.parameters() if q.is_floating_point()), images.dtype)  # a cast model's
-        x = self.proj(patchify(images.to(dtype), self.patch_size))  # (B, N, D)
+        x = self.proj(patchify(images.to(self.proj.weight.dtype), self.patch_size))  # (B, N, D), the model's dtype
         if self.cls_token is None:
             return x
         cls = self.cls_token.to(x.dtype).expand(x.shape[0], 1, -1)  # (B, 1, D)

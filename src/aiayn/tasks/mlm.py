@@ -22,6 +22,7 @@ from aiayn.data.mlm import mask_tokens
 from aiayn.data.text_io import read_lines
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
+from aiayn.tasks.finetune import init_from_name
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
@@ -113,7 +114,7 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
     if source is not None:
         meta = load_config(source)
         tok = load_tokenizer(checkpoint_file(source, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
-        if resume_dir is not None and not init_from(recipe):
+        if resume_dir is not None and not init_from_name(recipe):
             config = ModelConfig.from_dict({**meta["model"], **forced}, f"{source}/config.json")
         else:
             config = finetune_config(meta, recipe, str(source), **forced)
@@ -126,14 +127,6 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
     if tok is None:
         tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))
     return tok, build_model_config(section, vocab_size=tok.vocab_size, pad_id=tok.pad_id, **forced), None
-
-
-def init_from(recipe: dict[str, Any]) -> str | None:
-    """The checkpoint a recipe starts from (``[model] init_from``), or None (as
-    :func:`aiayn.tasks.finetune.init_from_name`)."""
-    from aiayn.tasks.finetune import init_from_name
-
-    return init_from_name(recipe)
 
 
 def load_encoder_weights(model: torch.nn.Module, directory: Path) -> tuple[list[str], list[str]]:
@@ -176,7 +169,7 @@ def build_encoder(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
         ``(tokenizer, config, model, max_len, init report)``: ``max_len`` is the longest sequence the data may
         use (``data_max_len`` capped by the model), the report is :func:`load_encoder_weights`' or None.
     """
-    if "max_len" not in recipe["model"] and init_from(recipe) is None:
+    if "max_len" not in recipe["model"] and init_from_name(recipe) is None:
         forced["max_len"] = data_max_len
     tok, config, init_dir = encoder_setup(recipe, tok_cfg, train_texts, resume_dir, **forced)
     torch.manual_seed(seed)

@@ -77,7 +77,7 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
         raise
     finally:
         if ranks.world > 1:
-            finish(ranks, finished)
+            finish(finished)
     if not ranks.main:
         return result
     best = "no validation score" if result.best_metric is None else f"best val_{task.select_metric} " \

@@ -154,7 +154,7 @@ def launch(nproc: int, argv: list[str]) -> None:
             os.environ["OMP_NUM_THREADS"] = before
 
 
-def finish(ranks: Ranks, finished: bool) -> None:
+def finish(finished: bool) -> None:
     """Leave the process group at the end of a run: every rank done before any tears it down (rank 0 hosts the
     store the others talk to). A failed rank skips the barrier; the launcher stops the others."""
     if dist.is_available() and dist.is_initialized():

@@ -199,16 +199,16 @@ def drop_rows_after(path: str | os.PathLike, step: int) -> int:
 
 
 def _rewrite(path: Path, rows: list[dict[str, Any]], header: list[str]) -> None:
-    """Replace a metrics file by ``rows`` (a CSV with ``header``), through a temporary file and an atomic rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        if _format_of(path) == ".jsonl":
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        else:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(header)
-            for r in rows:
-                w.writerow(["" if r.get(k) is None else r[k] for k in header])
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Replace a metrics file by ``rows`` (a CSV with ``header``), atomically
+    (:func:`~aiayn.data.text_io.atomic_write_text`)."""
+    from aiayn.data.text_io import atomic_write_text
+
+    if _format_of(path) == ".jsonl":
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        return
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for r in rows:
+        w.writerow(["" if r.get(k) is None else r[k] for k in header])
+    atomic_write_text(path, buf.getvalue())

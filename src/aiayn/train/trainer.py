@@ -314,8 +314,8 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                     divisor = max(total_targets, 1) / par.loss_scale
                     if router is not None:  # a mean over the micro-batch's tokens, weighted as its targets are
                         router_sum = router.float() * n_targets
-                        moe_total += float(router_sum.detach())
                         scaler.scale((loss_sum + router_sum) / divisor).backward()
+                        moe_total += float(router_sum.detach())  # read after backward is queued: no extra wait
                     else:
                         scaler.scale(loss_sum / divisor).backward()
                 value = float(loss_sum.detach())

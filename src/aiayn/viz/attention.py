@@ -89,11 +89,13 @@ def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Seq
 
 def matrix_figure(matrix: Tensor | Sequence[Any], row_labels: Sequence[str] | None = None,
                   col_labels: Sequence[str] | None = None, *, title: str | None = None, cmap: str = "viridis",
-                  symmetric: bool = False, xlabel: str | None = None, ylabel: str | None = None) -> Any:
+                  symmetric: bool = False, xlabel: str | None = None, ylabel: str | None = None,
+                  value_range: tuple[float, float] | None = None) -> Any:
     """One labelled heatmap of a (R, C) matrix (a mask, an alignment, a position table or a bias).
 
     Args:
-        symmetric: a colour scale centred on 0 (position encodings, biases); else from the minimum to the maximum.
+        symmetric: a colour scale centred on 0 (position encodings, biases); else ``value_range`` (low, high), or
+            from the minimum to the maximum.
     """
     plt = _pyplot()
     m = _as_tensor(matrix)
@@ -103,7 +105,8 @@ def matrix_figure(matrix: Tensor | Sequence[Any], row_labels: Sequence[str] | No
         top = float(m.abs().max()) or 1.0
         image = ax.imshow(m.numpy(), cmap=cmap, vmin=-top, vmax=top, aspect="auto")
     else:
-        image = ax.imshow(m.numpy(), cmap=cmap, aspect="auto")
+        low, high = value_range or (None, None)
+        image = ax.imshow(m.numpy(), cmap=cmap, vmin=low, vmax=high, aspect="auto")
     if row_labels is not None:
         ax.set_yticks(range(r), row_labels, fontsize=8)
     if col_labels is not None:
@@ -125,4 +128,4 @@ def plot_mask(mask: Tensor, path: str | os.PathLike, title: str | None = None) -
     while m.dim() > 2:
         m = m[0]
     return save_figure(matrix_figure(m.to(torch.float32), title=title, cmap="Greys", xlabel="key position",
-                                     ylabel="query position"), path)
+                                     ylabel="query position", value_range=(0.0, 1.0)), path)

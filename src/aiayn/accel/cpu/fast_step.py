@@ -47,7 +47,7 @@ from aiayn.accel.cpu.packed import ACTIVATION_FNS, PackedLinear, frozen_block
 from aiayn.accel.cpu.quantize import Int8Linear
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.models.stack import TransformerStack
-from aiayn.nn.attention import attention_weights, scaled_dot_product_attention
+from aiayn.nn.attention import attention_weights, scaled_dot_product_attention, unfold_queries
 from aiayn.nn.cache import DecoderCache
 from aiayn.nn.layers import Residual, TransformerLayer
 from aiayn.nn.positions import apply_rotary
@@ -309,17 +309,11 @@ class FastDecoderStep:
                     if lay.cross_mha.recorder is not None:
                         w, applied = attention_weights(q, cc.k, memory_mask, scale=lay.cross_scale,
                                                        softcap=lay.cross_mha.softcap)  # (N/g, H, g, S)
-                        lay.cross_mha.recorder(_step_rows(w), None if applied is None else
-                                               _step_rows(applied.expand(w.shape)), None)
+                        lay.cross_mha.recorder(unfold_queries(w, g, 1), None if applied is None else
+                                               unfold_queries(applied.expand(w.shape), g, 1), None)
                 x = lay.cross_res.exit(x, lay.cross_out(a))
             x = lay.ffn_res.exit(x, feed_forward(lay.ffn, lay.ffn_res.enter(x), lay.w_in, lay.w_out))
         return self.final_norm(x)
-
-
-def _step_rows(z: Tensor) -> Tensor:
-    """A folded cross-attention step's (N/g, H, g, S) -> (N, H, 1, S): row i*g + j is query j of memory row i."""
-    bm, h, g, s = z.shape
-    return z.transpose(1, 2).reshape(bm * g, h, 1, s)
 
 
 class FastEncoder:
