@@ -54,6 +54,7 @@ _explicit: int | None = None  # threads given by --threads
 _adaptive = False  # whether this process chose its threads by the rule (apply_at_start), so training re-checks it
 _torch_default: int | None = None  # torch's own thread count before anything here changed it
 _said = ""  # the last notice printed, so that the same one is not printed twice
+_pending: tuple[str, int, Callable[[str], None]] | None = None  # apply_at_start's notice, until announce_threads
 
 
 # ---------------------------------------------------------------------------------------------- reading the machine
@@ -236,8 +237,8 @@ def apply_at_start(start: CpuSample | None = None, *, say: Callable[[str], None]
                    read_stat: Callable[[], str | None] = _read_proc_stat) -> Decision | None:
     """Set torch's threads for a command about to run (no work size known yet): measure others' use over the
     window since ``start`` (a :func:`sample` taken earlier, e.g. when the process began; waiting out the rest of
-    :data:`START_WINDOW_SECONDS`), decide, apply, and say so when fewer threads than cores. Nothing when an explicit
-    choice exists or ``/proc/stat`` is unreadable."""
+    :data:`START_WINDOW_SECONDS`), decide and apply; :func:`announce_threads` later says so when fewer threads than
+    cores. Nothing when an explicit choice exists or ``/proc/stat`` is unreadable."""
     global _adaptive
     if explicit_threads() is not None:
         return None
@@ -254,8 +255,25 @@ def apply_at_start(start: CpuSample | None = None, *, say: Callable[[str], None]
     busy = None if end is None else others_busy(start, end)
     decision = choose_threads(cores, busy, cpus=None if end is None else end.n_cpus)
     torch.set_num_threads(decision.threads)
-    _announce(decision.message(), cores, say)
+    global _pending
+    _pending = (decision.message(), cores, say)
     return decision
+
+
+def announce_threads() -> None:
+    """Say the choice :func:`apply_at_start` made, once, when the command begins its work: so nothing is said
+    before an error in the command's arguments, nor after the work chose its own threads (``train.threads``;
+    call :func:`forget_start_choice` then)."""
+    global _pending
+    if _pending is not None and _adaptive and explicit_threads() is None:
+        _announce(*_pending)
+    _pending = None
+
+
+def forget_start_choice() -> None:
+    """The work set its own thread count: the start-up choice is never said."""
+    global _pending
+    _pending = None
 
 
 def _announce(message: str, cores: int, say: Callable[[str], None]) -> None:

@@ -192,8 +192,10 @@ def test_recipe_label_names_map_the_file_labels() -> None:
 
 
 def test_version(capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["--version"])
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"aiayn {aiayn.__version__}"
+    with pytest.raises(SystemExit) as e:  # after other options too, through argparse
+        main(["--accel", "none", "--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"aiayn {aiayn.__version__}"
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"

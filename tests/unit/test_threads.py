@@ -35,6 +35,7 @@ def _restore_threads(monkeypatch):
     monkeypatch.setattr(threads, "_explicit", None)
     monkeypatch.setattr(threads, "_adaptive", False)
     monkeypatch.setattr(threads, "_said", "")
+    monkeypatch.setattr(threads, "_pending", None)
     monkeypatch.setattr(threads, "_torch_default", 2)
     monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
     monkeypatch.setattr(threads, "_cgroup_cpu_limit", lambda: None)
@@ -125,6 +126,9 @@ def test_apply_at_start_drops_the_busy_core_and_says_so():
     said: list[str] = []
     decision = threads.apply_at_start(start, say=said.append, read_stat=lambda: next(ticks))
     assert decision is not None and decision.threads == 1 and torch.get_num_threads() == 1
+    assert said == []  # said when the command's work begins, not before
+    threads.announce_threads()
+    threads.announce_threads()
     assert said == ["using 1 of 2 cores: 1 busy with other processes (--threads N to choose)"]
     assert threads._adaptive
     # the trainer's first re-check finds the same: nothing more is said
@@ -236,3 +240,36 @@ def test_every_command_documents_threads(capsys):
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     for name, p in sub.choices.items():
         assert "--threads N" in p.format_help(), name
+
+
+def _busy_start(said: list[str], apply=threads.apply_at_start) -> None:
+    """apply_at_start as the command calls it, on a machine where another process keeps one of two cores busy."""
+    ticks = iter([stat_text([(0, 0, 0), (0, 0, 0)]), stat_text([(100, 0, 0), (0, 100, 0)])])
+    start = threads.sample(lambda: next(ticks), own_cpu=lambda: 5.0, clock=lambda: 0.0)
+    start = CpuSample(start.busy_ticks, start.total_ticks, start.n_cpus, 0.0, -1.0e9)
+    apply(start, say=said.append, read_stat=lambda: next(ticks))
+
+
+def test_the_thread_notice_comes_with_the_work_not_before_an_error_nor_after_train_threads(
+        monkeypatch, tmp_path, capsys):
+    from aiayn.cli.main import main
+
+    said: list[str] = []
+    monkeypatch.setattr(threads, "apply_at_start", lambda start=None: _busy_start(said))
+    assert main(["generate", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"]) == 2
+    assert said == [] and "cores" not in capsys.readouterr().err
+    threads.forget_start_choice()  # what the trainer does under train.threads
+    threads.announce_threads()
+    assert said == []
+    _busy_start(said)
+    threads.announce_threads()
+    assert said == ["using 1 of 2 cores: 1 busy with other processes (--threads N to choose)"]
+
+
+def test_version_is_answered_without_loading_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from aiayn.cli.main import main; main(['--version']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["aiayn", "0.1.0", "False"]

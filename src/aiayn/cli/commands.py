@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.values import device_name, number, output_file, whole
 from aiayn.errors import AiaynError
 
 REGISTRY: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
@@ -33,11 +34,12 @@ def _read_input(path: str | None) -> list[str]:
 
 def _add_decode_args(p: argparse.ArgumentParser, batch_help: str = "sentences decoded together (default 64)") -> None:
     """``--beam``, ``--alpha``, ``--batch-size``: beam search settings of translate and evaluate."""
-    p.add_argument("--beam", type=int, default=None,
-                   help="beam size (default: the checkpoint's [decode] beam, else 4)")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="GNMT length penalty alpha (default: the checkpoint's [decode] alpha, else 0.6)")
-    p.add_argument("--batch-size", type=int, default=64, help=batch_help)
+    p.add_argument("--beam", type=whole(1), default=None,
+                   help="beam size, at most the target vocabulary's size (default: the checkpoint's [decode] beam, "
+                        "else 4)")
+    p.add_argument("--alpha", type=number(0), default=None,
+                   help="GNMT length penalty alpha, >= 0 (default: the checkpoint's [decode] alpha, else 0.6)")
+    p.add_argument("--batch-size", type=whole(1), default=64, help=batch_help)
 
 
 def _add_on_long_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -99,10 +101,13 @@ def _load(args: argparse.Namespace, directory: str | None = None):
     """Load ``--checkpoint`` (or ``directory``) on ``--device`` (``auto`` means the CPU with ``--int8``),
     int8-quantized or cast to ``--dtype`` if asked."""
     from aiayn.pretrained import load_pretrained
+    from aiayn.threads import announce_threads
     from aiayn.train.trainer import pick_device
 
-    device = "cpu" if args.int8 and args.device == "auto" else args.device
-    return load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype)
+    device = "cpu" if args.int8 and args.device == "auto" else device_name(args.device)
+    loaded = load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype)
+    announce_threads()  # the start-up thread choice, said once the checkpoint loaded
+    return loaded
 
 
 def _load_ensemble(args: argparse.Namespace) -> list:
@@ -134,7 +139,7 @@ def _train(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe file, e.g. recipes/multi30k-en-de.toml")
     p.add_argument("overrides", nargs="*", help="overrides such as train.max_steps=200 model.d_model=256")
     p.add_argument("--resume", action="store_true", help="continue the run in train.out_dir from its last/ checkpoint")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
+    p.add_argument("--nproc", type=whole(1), default=1, metavar="N",
                    help="data-parallel training on N processes of this machine, launched by torch.distributed.run "
                         "(CPU: gloo, the cores shared out; CUDA: NCCL, one GPU each; train.parallel picks ddp or "
                         "fsdp); each optimizer step then takes N x train.accum batches, as one process with "
@@ -167,12 +172,15 @@ def _translate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", help="source file (plain or .gz); default stdin")
     p.add_argument("--output", "-o", help="output file; default stdout")
     _add_decode_args(p)
-    p.add_argument("--n-best", type=int, default=1, help="print the n best translations, separated by ' ||| '")
+    p.add_argument("--n-best", type=whole(1), default=1,
+                   help="print the n best translations, separated by ' ||| ' (at most the beam size)")
     _add_on_long_arg(p, "translate its first max_len tokens")
     _add_attention_arg(p, "each line's translation")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
+        output_file(args.output, "--output")
+        output_file(args.attention, "--attention")
         loaded = _load_ensemble(args)
         if loaded[0].task != "translation":
             raise AiaynError(f"{args.checkpoint[0]}: a {loaded[0].task!r} checkpoint; translate needs a translation "
@@ -210,10 +218,11 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
     pre = loaded[0]
     if pre.meta.get("lowercase"):
         lines = [x.lower() for x in lines]
-    dec = pre.meta.get("decode", {})
+    checkpoint = (getattr(args, "checkpoint", None) or ["checkpoint"])[0]
+    dec = _decode_settings(pre.meta.get("decode", {}), args, pre.tokenizers["tgt"].vocab_size, n_best, checkpoint)
     models = [x.model for x in loaded]
     src_tok = pre.tokenizers["src"]
-    a, b = dec.get("max_len_a", 1.0), dec.get("max_len_b", 50)
+    a, b = dec["max_len_a"], dec["max_len_b"]
     ids = src_tok.encode_batch(lines)
     keep = [i for i, (text, row) in enumerate(zip(lines, ids)) if not is_blank(text, row)]
     name = input_name(source)
@@ -226,15 +235,45 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
         effect=f"only its first {limit} tokens are translated, and the translation has at most {cap} tokens"))
     _warn(command_name, check_unknown([ids[i] for i in keep], src_tok.unk_id, names))
     outs = translate_texts(models, src_tok, pre.tokenizers["tgt"], [lines[i] for i in keep],
-                           beam=args.beam or dec.get("beam", 4),
-                           alpha=args.alpha if args.alpha is not None else dec.get("alpha", 0.6),
-                           max_len_a=a, max_len_b=b, batch_size=args.batch_size, n_best=n_best,
-                           forced_bos_id=_forced_bos_id(dec, pre.tokenizers["tgt"].vocab_size,
-                                                        (getattr(args, "checkpoint", None) or ["checkpoint"])[0]))
+                           beam=dec["beam"], alpha=dec["alpha"], max_len_a=a, max_len_b=b,
+                           batch_size=args.batch_size, n_best=n_best,
+                           forced_bos_id=_forced_bos_id(dec, pre.tokenizers["tgt"].vocab_size, checkpoint))
     result: list = [""] * len(lines)
     for i, out in zip(keep, outs):
         result[i] = out
     return result
+
+
+def _decode_settings(saved: dict, args: argparse.Namespace, vocab_size: int, n_best: int,
+                     checkpoint: str) -> dict:
+    """The beam search settings: ``--beam``/``--alpha`` over the checkpoint's ``decode`` entry (``saved``) over the
+    defaults, each checked: the beam (at most ``vocab_size``, the target vocabulary's size) and ``--n-best``
+    (``n_best``, at most the beam).
+
+    Raises:
+        AiaynError: naming the option, or ``config.json``'s key, and the fix.
+    """
+    from aiayn.tasks.translation import DECODE_DEFAULTS
+    from aiayn.train.recipe import section_problems
+
+    if not isinstance(saved, dict):
+        saved = {"decode": saved}  # reported below as an unknown key
+    problems = section_problems({k: v for k, v in saved.items() if k != "forced_bos_id"}, DECODE_DEFAULTS, "decode")
+    if problems:
+        raise AiaynError(f"{Path(checkpoint) / 'config.json'}: {problems[0]}; correct the file or retrain")
+    dec = {**DECODE_DEFAULTS, **saved}
+    if getattr(args, "beam", None) is not None:
+        dec["beam"] = args.beam
+    if getattr(args, "alpha", None) is not None:
+        dec["alpha"] = args.alpha
+    flag = "--beam" if getattr(args, "beam", None) is not None else f"{checkpoint}'s decode.beam"
+    if dec["beam"] > vocab_size:
+        raise AiaynError(f"{flag} {dec['beam']}: more than the {vocab_size} tokens of the target vocabulary; give a "
+                         f"beam of at most {vocab_size}")
+    if n_best > dec["beam"]:
+        raise AiaynError(f"--n-best {n_best}: more than the beam ({dec['beam']}) keeps; lower --n-best or raise "
+                         "--beam")
+    return dec
 
 
 def _forced_bos_id(dec: dict, size: int, checkpoint: str) -> int | None:
@@ -270,14 +309,17 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="text file or folder (lm), label<TAB>text TSV/CSV (classification), or a "
                                   "folder of class-named image subfolders or sklearn-digits (image classification: "
                                   "the checkpoint's held-out digits)")
-    p.add_argument("--context", type=int, default=None, help="lm: window length in tokens (default: block size)")
-    p.add_argument("--stride", type=int, default=None, help="lm: window step (default: context // 2)")
+    p.add_argument("--context", type=whole(2), default=None,
+                   help="lm: window length in tokens, at least 2 (default: block size)")
+    p.add_argument("--stride", type=whole(1), default=None,
+                   help="lm: window step, below the context (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
     _add_decode_args(p, batch_help="sentences decoded together (translation), texts or images (classification) or "
                                    "context windows (lm) per forward pass (default 64)")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
+        output_file(args.hyp_out, "--hyp-out")
         loaded = _load_ensemble(args)
         pre = loaded[0]
         if pre.task == "translation":
@@ -339,7 +381,7 @@ def _demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="?", default="translation", choices=["translation", "copy"])
     p.add_argument("--out", default=None, help="output directory (default runs/demo or runs/copy)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=whole(1), default=None,
                    help="training steps (default 1400 for translation, 400 for copy); the demos are bounded by steps, "
                         "not minutes, so their result does not depend on the machine's speed")
 
@@ -373,8 +415,13 @@ def _average(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoints", nargs="*", help="checkpoint directories to average (or use --run/--last)")
     p.add_argument("--run", dest="run_dir", metavar="DIR",
                    help="a training run's out_dir: average its periodic step-N checkpoints")
-    p.add_argument("--last", type=int, default=None, help="with --run: only the last N of them (default all)")
-    p.add_argument("--out", required=True, help="directory to write the averaged checkpoint to")
+    p.add_argument("--last", type=whole(1), default=None, help="with --run: only the last N of them (default all)")
+    p.add_argument("--out", required=True,
+                   help="directory to write the averaged checkpoint to: a new or empty folder, or an aiayn "
+                        "checkpoint (its files are replaced); never one of the checkpoints averaged")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also write into a folder that holds other things: the checkpoint's files replace those of "
+                        "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.train.checkpoint import periodic_checkpoints, write_average
@@ -394,7 +441,7 @@ def _average(p: argparse.ArgumentParser) -> None:
             if args.last and len(dirs) < args.last:
                 print(f"aiayn average: only {len(dirs)} step-N checkpoints in {args.run_dir}; averaging all of them",
                       file=sys.stderr)
-        out = write_average(dirs, args.out)
+        out = write_average(dirs, args.out, overwrite=args.overwrite)
         print(f"averaged {len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name}) into {out}")
         return 0
 
@@ -442,7 +489,7 @@ def _check(p: argparse.ArgumentParser) -> None:
         from aiayn.models.build import build_model
         from aiayn.train.trainer import pick_device
 
-        device = pick_device(args.device)
+        device = pick_device(device_name(args.device))
         if args.checkpoint:
             from aiayn.pretrained import load_pretrained
 

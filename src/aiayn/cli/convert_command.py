@@ -17,17 +17,22 @@ def _convert(p: argparse.ArgumentParser) -> None:
                        help="a transformers model folder (config.json, weights, tokenizer files) or a Hub name")
     which.add_argument("--to-hf", metavar="CHECKPOINT", help="an aiayn checkpoint directory")
     p.add_argument("--out", required=True, metavar="DIR",
-                   help="the folder to write: an aiayn checkpoint (--from-hf) or a transformers folder (--to-hf)")
+                   help="the folder to write: an aiayn checkpoint (--from-hf) or a transformers folder (--to-hf); "
+                        "a new or empty folder, or the output of an earlier conversion of the same direction (its "
+                        "files are replaced); never the source, nor a folder inside or around it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also write into a folder that holds other things: the conversion's files replace those of "
+                        "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.hf import from_hf, to_hf
 
         if args.from_hf:
-            out = from_hf(args.from_hf, args.out)
+            out = from_hf(args.from_hf, args.out, overwrite=args.overwrite)
             print(f"wrote the aiayn checkpoint {out}")
             return 0
         notes: list[str] = []
-        out = to_hf(args.to_hf, args.out, say=notes.append)
+        out = to_hf(args.to_hf, args.out, say=notes.append, overwrite=args.overwrite)
         for note in notes:
             print(f"aiayn convert: warning: {note}", file=sys.stderr)
         print(f"wrote the transformers folder {out}")

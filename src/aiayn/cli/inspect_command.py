@@ -25,7 +25,12 @@ def _inspect(p: argparse.ArgumentParser) -> None:
                                              "checkpoint, the image (PNG or .npy)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--html", metavar="OUT", help="write one self-contained HTML file (works offline) and exit")
-    out.add_argument("--png", metavar="DIR", help="write the views as PNG pictures into DIR and exit")
+    out.add_argument("--png", metavar="DIR", help="write the views as PNG pictures into DIR and exit: a new or "
+                                                  "empty folder, or one an earlier --png wrote (its pictures are "
+                                                  "replaced); never the checkpoint, nor a folder inside or around it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --png: also write into a folder that holds other things (pictures of the same names "
+                        "are replaced; nothing else there is changed or removed)")
     p.add_argument("--beam", type=int, default=None, help="translation: beam width (default the checkpoint's; 1 is "
                                                           "greedy)")
     p.add_argument("--host", default="127.0.0.1",
@@ -38,6 +43,10 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     def run(args: argparse.Namespace) -> int:
         from aiayn.inspect import inspect_text, write_html
 
+        if args.png:  # refuse a folder before the model is loaded
+            from aiayn.output_folder import PICTURES, check_output_folder
+
+            check_output_folder(args.png, PICTURES, overwrite=args.overwrite, sources=[args.checkpoint])
         pre = _load(args)
         image = pre.config.input == "patches"
         if image:
@@ -55,13 +64,11 @@ def _inspect(p: argparse.ArgumentParser) -> None:
             print(f"wrote {write_html(record, args.html)}")
             return 0
         if args.png:
-            from aiayn.inspect.pictures import write_pictures
+            from aiayn.inspect.image import image_pictures
+            from aiayn.inspect.pictures import save_pictures
 
-            files = write_pictures(record, args.png)
-            if image:
-                from aiayn.inspect.image import image_pictures
-
-                files += image_pictures(record, args.png)
+            files = save_pictures(record, args.png, overwrite=args.overwrite, sources=[args.checkpoint],
+                                  more=image_pictures if image else None)
             print(f"wrote {len(files)} pictures into {args.png}")
             return 0
         from aiayn.inspect.server import Limits, is_loopback, serve

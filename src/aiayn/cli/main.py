@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 
-from aiayn import accel, threads
 from aiayn.errors import AiaynError
 
 
@@ -47,6 +46,8 @@ def _version() -> str:
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
     """The options every command takes, on the main parser and on each command's (absent unless given, so that one
     given before the command is not reset by the command's parser)."""
+    from aiayn import accel
+
     parser.add_argument("--accel", choices=accel.CHOICES, default=argparse.SUPPRESS,
                         help="acceleration: auto (default, or $AIAYN_ACCEL) or none (the reference modules only)")
     parser.add_argument("--threads", type=_thread_count, default=argparse.SUPPRESS, metavar="N",
@@ -79,6 +80,11 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse arguments, run the subcommand, turn user errors into a message and exit code 2."""
+    if (sys.argv[1:] if argv is None else list(argv)) == ["--version"]:  # at once, without loading torch
+        print(f"aiayn {_version()}")
+        return 0
+    from aiayn import accel, threads
+
     start = threads.sample()  # other processes' CPU use is measured from here to the command's start
     parser = build_parser()
     args = parse_args(parser, argv)

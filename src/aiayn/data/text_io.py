@@ -8,13 +8,12 @@ folder that is then renamed over the target, so a crash never leaves half a file
 from __future__ import annotations
 
 import gzip
-import os
-import tempfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
 from aiayn.errors import AiaynError, where
+from aiayn.files import atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 
 _BOM = "\ufeff"
 
@@ -81,34 +80,6 @@ def read_lines(path: str | Path) -> list[str]:
     if lines[-1] == "":  # the file ended with a newline
         lines.pop()
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, then a rename.
-
-    Parent folders are created. Either the old file or the complete new one exists at every moment.
-
-    Args:
-        path: the destination file.
-        data: the bytes to write.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_lines(path: str | Path, lines: Iterable[str]) -> None:

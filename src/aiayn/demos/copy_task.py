@@ -6,7 +6,6 @@ the identity map in well under a minute on a CPU; held-out exact match reaches 1
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.data.batching import collate_seq2seq
 from aiayn.models.build import build_model
+from aiayn.output_folder import clear_run_folder
 from aiayn.tokenize import NUM_SPECIAL
 from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.trainer import TrainConfig, train
@@ -80,7 +80,7 @@ def run_copy_demo(out_dir: str = "runs/copy", steps: int = 400, seed: int = 1) -
     task = CopyTask(seed)
     cfg = TrainConfig(out_dir=out_dir, max_steps=steps, lr=3e-3, schedule="warmup_cosine", warmup=50,
                       label_smoothing=0.0, eval_every=100, log_every=50, seed=seed, clip_norm=1.0)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    clear_run_folder(out_dir)  # an earlier run of this demo; a folder of the user's is refused
     train(task, cfg)
     metrics = task.evaluate()
     from aiayn.generate import translate

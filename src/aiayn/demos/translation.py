@@ -7,7 +7,6 @@ Training is bounded by steps, not minutes, so the result does not depend on the 
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from aiayn.data.synthetic import generate_corpus
 from aiayn.data.synthetic import translate as reference_translation
+from aiayn.output_folder import clear_run_folder
 from aiayn.tasks.translation import TranslationTask, translate_texts
 from aiayn.train.trainer import TrainConfig, train
 
@@ -29,6 +29,7 @@ DEMO_RECIPE = {
     "train": {},
 }
 BAR = 0.95  #: held-out exact match the demo must reach
+PICTURE = "cross_attention.png"  #: the demo's picture, beside its checkpoints
 STEPS = 1400  #: training steps
 DEMO_SENTENCES = ["the dog sleeps because the woman sees the ball", "the dogs that see the cat run",
                   "the woman sleeps next to the house"]
@@ -45,7 +46,7 @@ def run_translation_demo(out_dir: str = "runs/demo", seed: int = 1, max_steps: i
     """
     t0 = time.time()
     out = Path(out_dir)
-    shutil.rmtree(out, ignore_errors=True)
+    clear_run_folder(out, extra=(PICTURE,))  # an earlier run of this demo; a folder of the user's is refused
     corpus = generate_corpus(n_train, 500, 500, seed=seed)
     print(f"synthetic En->De grammar: {len(corpus['train'])} training pairs, 500 validation, 500 test; e.g.")
     for s, t in corpus["train"][:3]:
@@ -77,7 +78,7 @@ def run_translation_demo(out_dir: str = "runs/demo", seed: int = 1, max_steps: i
     for s, h in zip(DEMO_SENTENCES, translate_texts(model, src_tok, tgt_tok, DEMO_SENTENCES, beam=4)):
         ref = reference_translation(s)
         print(f"  {s}  ->  {h}" + ("   (correct)" if h == ref else f"   (reference: {ref})"))
-    picture = draw_cross_attention(model, src_tok, tgt_tok, DEMO_SENTENCES[0], out / "cross_attention.png")
+    picture = draw_cross_attention(model, src_tok, tgt_tok, DEMO_SENTENCES[0], out / PICTURE)
     minutes = (time.time() - t0) / 60
     print(f"\nheld-out exact match: {exact:.1%}   BLEU: {bleu.score:.1f} ({bleu.signature})")
     print(f"wall time: {minutes:.1f} min; checkpoint: {out / 'best'}")

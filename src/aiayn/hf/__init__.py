@@ -95,7 +95,7 @@ def _complete_ties(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tens
     return state
 
 
-def from_hf(path_or_name: str | Path, out: str | Path) -> Path:
+def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """Convert a transformers model folder (or a Hub name) into an aiayn checkpoint directory.
 
     The checkpoint holds the model (float32), the folder's tokenizer (its own special ids) and the task's entries,
@@ -105,20 +105,28 @@ def from_hf(path_or_name: str | Path, out: str | Path) -> Path:
     Args:
         path_or_name: a folder that ``save_pretrained`` wrote (``config.json``, weights, tokenizer files), or a Hub
             name found in the local cache or downloaded.
-        out: the checkpoint directory to write (a new one, or an aiayn checkpoint to replace).
+        out: the checkpoint directory to write: a new or empty folder, or an aiayn checkpoint (its files are
+            replaced); any other folder only with ``overwrite`` (:func:`aiayn.output_folder.check_output_folder`).
+        overwrite: write the checkpoint's files into a folder that holds other things (only files of the same
+            names are replaced; nothing else there is changed or removed).
 
     Returns:
         The checkpoint directory.
 
     Raises:
         AiaynError: missing or corrupt files (named), an unsupported ``model_type`` (named, with the supported
-            ones), settings aiayn cannot represent, a tokenizer that does not fit the model.
+            ones), settings aiayn cannot represent, a tokenizer that does not fit the model; ``out`` is the source
+            (or inside it, or around it), or a folder of something else and ``overwrite`` is false.
     """
     from aiayn.models.build import build_model
+    from aiayn.output_folder import CHECKPOINT, check_output_folder
     from aiayn.tokenize import PretrainedTokenizer
     from aiayn.train.checkpoint import save_checkpoint
 
+    if not Path(path_or_name).exists():  # a Hub name: refuse a bad ``out`` before downloading
+        check_output_folder(out, CHECKPOINT, overwrite=overwrite)
     folder = resolve_source(path_or_name)
+    into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, sources=[folder])
     hf = read_config(folder)
     family = family_for_hf(hf, str(folder / CONFIG))
     try:
@@ -147,7 +155,8 @@ def from_hf(path_or_name: str | Path, out: str | Path) -> Path:
         "tokenizers": {role: TOKENIZER_FILE for role in ROLES.get(family.task, ("text",))}, **extra,
         "hf_config": hf, "converted_from": {"source": str(path_or_name), "family": family.name,
                                             "weights": source}}
-    return save_checkpoint(out, state, meta, tokenizer_writer=lambda d: tok.save(Path(d) / TOKENIZER_FILE))
+    return save_checkpoint(out, state, meta, tokenizer_writer=lambda d: tok.save(Path(d) / TOKENIZER_FILE),
+                           into=into)
 
 
 def _check_fit(model: nn.Module, state: dict[str, Tensor], where: Path) -> None:
@@ -186,7 +195,8 @@ def _family_for_checkpoint(config: ModelConfig, meta: dict[str, Any], where: Pat
     raise AiaynError(f"{where}: no transformers model type has this model's shape:\n" + "\n".join(reasons))
 
 
-def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | None = None) -> Path:
+def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | None = None, *,
+          overwrite: bool = False) -> Path:
     """Write an aiayn checkpoint as a transformers model folder (``from_pretrained`` loads it).
 
     The family is the one the checkpoint was converted from, else the first of the checkpoint's task whose shape
@@ -195,20 +205,26 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
 
     Args:
         checkpoint: an aiayn checkpoint directory.
-        out: the folder to write (a new one, or a model folder to replace).
+        out: the folder to write: a new or empty folder, or one an earlier ``to_hf`` wrote (its files are
+            replaced); any other folder only with ``overwrite`` (:func:`aiayn.output_folder.check_output_folder`).
         say: called with a note on what was not written (default: nothing).
+        overwrite: write the folder's files into a folder that holds other things (only files of the same names
+            are replaced; nothing else there is changed or removed).
 
     Returns:
         The folder.
 
     Raises:
         AiaynError: the checkpoint is missing or corrupt; its model has no transformers counterpart (the message
-            gives each family's reasons).
+            gives each family's reasons); ``out`` is the checkpoint (or inside it, or around it), or a folder of
+            something else and ``overwrite`` is false.
     """
+    from aiayn.output_folder import TRANSFORMERS, check_output_folder
     from aiayn.tokenize import load_tokenizer
     from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
 
     d = checkpoint_dir(checkpoint)
+    into = check_output_folder(out, TRANSFORMERS, overwrite=overwrite, sources=[checkpoint, d])
     meta = load_config(d)
     if "model" not in meta:
         raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
@@ -228,7 +244,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
             ids["decoder_start_token_id"] = tok.decoder_start_id
         hf.update({k: v for k, v in ids.items() if v is not None or k == "pad_token_id"})
     state = family.state_to_hf(read_state_dict(d), config)
-    folder, wrote = write_folder(out, hf, state, tok, config.max_len)
+    folder, wrote = write_folder(into, hf, state, tok, config.max_len)
     if tok is not None and not wrote and say:
         say(f"{d}: a {tok.kind!r} tokenizer has no transformers form; the folder holds the model only")
     if tok is None and say:

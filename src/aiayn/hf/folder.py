@@ -9,15 +9,16 @@ Read: ``config.json``; the weights from ``model.safetensors``, a sharded ``model
 Write: ``config.json`` (``architectures``, ``model_type``, ``torch_dtype``, the special token ids),
 ``generation_config.json``, ``model.safetensors`` (each tied weight once, as transformers saves it) and the
 tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json`` (a fast tokenizer that
-``AutoTokenizer.from_pretrained`` loads). The folder is written beside its destination and then renamed into place.
+``AutoTokenizer.from_pretrained`` loads), and ``aiayn-output.json``, which records what aiayn wrote. The folder is
+written beside its destination and then put in place (:mod:`aiayn.output_folder`): a new folder, or one an earlier
+export wrote, is renamed into place; a folder that also holds other files (allowed by ``--overwrite``) gets these
+files one by one, the others left as they are.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
+from aiayn.output_folder import (
+    TRANSFORMERS,
+    OutputFolder,
+    as_umask_allows,
+    check_output_folder,
+    install,
+    staging_folder,
+)
 from aiayn.tokenize import Tokenizer
 from aiayn.tokenize.pretrained import read_json_object
 
@@ -149,13 +158,14 @@ def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> bool:
     return True
 
 
-def write_folder(out: str | Path, config: dict[str, Any], state: dict[str, Tensor],
+def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: dict[str, Tensor],
                  tokenizer: Tokenizer | None = None, max_len: int = 1024) -> tuple[Path, bool]:
-    """Write a transformers model folder: ``config.json``, ``generation_config.json``, ``model.safetensors`` and
-    the tokenizer when given (and convertible).
+    """Write a transformers model folder: ``config.json``, ``generation_config.json``, ``model.safetensors``, the
+    tokenizer when given (and convertible), and ``aiayn-output.json`` (what aiayn wrote, with sizes and SHA-256).
 
     Args:
-        out: the folder; an existing one is replaced only when it is a model folder (holds ``config.json``).
+        out: the folder, or the folder as :func:`aiayn.output_folder.check_output_folder` checked it. A path is
+            checked here: a new or empty folder, or one an earlier export wrote; nothing else is overwritten.
         config: transformers' config entries (``model_type``, ``architectures``, ...).
         state: transformers' state dict, each tied weight once.
         tokenizer: written as a fast tokenizer when it has a Hugging Face form.
@@ -163,32 +173,30 @@ def write_folder(out: str | Path, config: dict[str, Any], state: dict[str, Tenso
 
     Returns:
         The folder, and whether the tokenizer was written.
+
+    Raises:
+        AiaynError: ``out`` may not be written (:func:`~aiayn.output_folder.check_output_folder`), or writing
+            failed (named, with the cause).
     """
     from safetensors.torch import save_file
 
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CONFIG).is_file())):
-        raise AiaynError(f"{out}: exists and is not a model folder; give a new folder (or an old model folder to "
-                         "replace)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    into = out if isinstance(out, OutputFolder) else check_output_folder(out, TRANSFORMERS)
+    tmp = staging_folder(into.path)
     try:
         tensors = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in state.items()}
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        as_umask_allows(tmp / SAFETENSORS)  # save_file makes it 0600; the other files of the folder follow the umask
         full = {**config, "torch_dtype": "float32"}
         (tmp / CONFIG).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id",
                                              "decoder_start_token_id") if config.get(k) is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
         wrote = tokenizer is not None and write_tokenizer(tmp, tokenizer, max_len)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise AiaynError(f"{out}: cannot write the model folder ({e.strerror or e}); check the disk space and "
+        raise AiaynError(f"{into.path}: cannot write the model folder ({e.strerror or e}); check the disk space and "
                          "permissions") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out, wrote
+    return install(tmp, into), wrote

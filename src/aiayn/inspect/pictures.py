@@ -4,17 +4,24 @@ For each attention kind and layer, the heads' heatmaps (``{kind}_layer{l}.png``,
 translation, the alignment of target and source tokens (``alignment_layer{l}.png``, cross-attention averaged over
 heads); the masks the pass applied (``mask_{kind}.png``); and the position scheme (``positions_{stack}.png``: the
 encoding table, RoPE's angles, or each head's ALiBi / T5 bias as ``positions_{stack}_head{h}.png``).
+
+:func:`save_pictures` writes them as the command does: into a new or empty folder, or one an earlier ``--png``
+wrote (recognised by its ``aiayn-output.json``), drawn in a hidden sibling first and then put in place; another
+folder only with ``--overwrite``, and then only pictures of the same names are replaced (:mod:`aiayn.output_folder`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aiayn.output_folder import PICTURES, check_output_folder, install, staging_folder
 from aiayn.viz.attention import attention_figure, matrix_figure, save_figure
 
 NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
@@ -73,3 +80,32 @@ def write_pictures(record: dict[str, Any], directory: str | Path) -> list[Path]:
     """Write every picture of ``record`` into ``directory``; returns the files in the order written."""
     folder = Path(directory)
     return [save_figure(fig, folder / name) for name, fig in figures(record)]
+
+
+def save_pictures(record: dict[str, Any], directory: str | os.PathLike, *, overwrite: bool = False,
+                  sources: Iterable[str | os.PathLike] = (),
+                  more: Callable[[dict[str, Any], Path], list[Path]] | None = None) -> list[Path]:
+    """Write every picture of ``record`` (and those ``more(record, folder)`` draws) into the folder ``directory``
+    as ``aiayn inspect --png`` does; returns the files.
+
+    Args:
+        record: an inspection record.
+        directory: a new or empty folder, or one an earlier call wrote (its pictures are replaced).
+        overwrite: also write into a folder that holds other things (pictures of the same names are replaced;
+            nothing else there is changed or removed).
+        sources: the inputs (the checkpoint); ``directory`` may not be, hold or lie inside one.
+        more: draws further pictures into the folder it is given (e.g. :func:`aiayn.inspect.image.image_pictures`).
+
+    Raises:
+        AiaynError: the folder may not be written (:func:`aiayn.output_folder.check_output_folder`), or writing
+            failed.
+    """
+    into = check_output_folder(directory, PICTURES, overwrite=overwrite, sources=sources)
+    tmp = staging_folder(into.path)
+    try:
+        files = write_pictures(record, tmp) + (more(record, tmp) if more is not None else [])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    install(tmp, into)
+    return [into.path / f.relative_to(tmp) for f in files]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from aiayn.errors import AiaynError
+from aiayn.output_folder import check_run_folder
 from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
@@ -60,18 +62,24 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
     Under torchrun (or ``aiayn train --nproc N``, :func:`aiayn.train.distributed.launch`) each rank runs this and
     leaves the process group at the end; rank 0 prints.
     """
+    started = time.time()
     recipe = load_recipe(path, overrides)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     validate_recipe(recipe, resume=resume, processes=local_world)  # every section's problems at once, first
     cfg = train_config(recipe)
+    if not resume:
+        check_run_folder(cfg.out_dir)  # before any work: a folder of the user's is never written into
     ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
     finished = False
     try:
+        if ranks.main:
+            print(f"{path}: reading the data, preparing the tokenizer and the {recipe['task']} model",
+                  file=sys.stderr, flush=True)
         task = build_task(recipe, cfg, resume, ranks.local_rank)
         result = train(task, cfg, resume=resume, recipe=recipe)
         finished = True
     except KeyboardInterrupt:
-        if ranks.main:
+        if ranks.main and (Path(cfg.out_dir) / "last").is_dir():  # a checkpoint to continue from
             again = shlex.join(["aiayn", "train", str(path), *(overrides or []), "--resume"])
             print(f"continue with: {again}", file=sys.stderr)
         raise
@@ -82,7 +90,8 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
         return result
     best = "no validation score" if result.best_metric is None else f"best val_{task.select_metric} " \
         f"{result.best_metric:.4g}"
-    print(f"trained {result.steps} steps in {result.wall_seconds / 60:.1f} min; {best}; "
+    print(f"trained {result.steps} steps in {result.trained_seconds / 60:.1f} min ({(time.time() - started) / 60:.1f} "
+          f"min with start-up and the last validation and save); {best}; "
           f"checkpoints: {result.best_dir}, {result.last_dir}"
           + (f", {result.averaged_dir}" if result.averaged_dir else ""))
     return result

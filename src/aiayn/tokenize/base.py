@@ -16,14 +16,13 @@ included) when ``skip_special`` is true, and ``decode(encode(x)) == normalize(x)
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from aiayn.errors import AiaynError, where
+from aiayn.files import atomic_write_text
 
 PAD = "<pad>"
 BOS = "<s>"
@@ -154,7 +153,7 @@ class Tokenizer(ABC):
     def save(self, path: str | Path) -> None:
         """Write the tokenizer to one JSON file (atomically); :func:`load_tokenizer` reads it back."""
         data = {"kind": self.kind, "format_version": FORMAT_VERSION, **self.to_dict()}
-        _atomic_write_text(Path(path), json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+        atomic_write_text(Path(path), json.dumps(data, ensure_ascii=False, indent=1) + "\n")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
@@ -205,23 +204,6 @@ class TableTokenizer(Tokenizer):
     def normalize(self, text: str) -> str:
         stoi = self._stoi
         return self.separator.join(p for p in self.pieces(text) if p in stoi)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``.
-
-    (Kept here rather than imported from ``aiayn.data`` so that ``aiayn.tokenize`` depends on nothing
-    but ``aiayn.errors`` and cannot take part in an import cycle.)
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

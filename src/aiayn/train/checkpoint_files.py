@@ -134,15 +134,19 @@ def verify(directory: Path, name: str) -> None:
         return
     try:
         st = file.stat()
+        key = (str(file.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+        if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
+            return
+        same = st.st_size == entry["size"] and sha256_of(file) == entry["sha256"]
     except FileNotFoundError:
         raise AiaynError(
             f"{file}: missing, though {MANIFEST_FILE} lists it; the checkpoint is incomplete: restore the "
             "file or use another checkpoint"
         ) from None
-    key = (str(file.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
-    if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
-        return
-    if st.st_size != entry["size"] or sha256_of(file) != entry["sha256"]:
+    except OSError as e:
+        raise AiaynError(f"{file}: cannot read ({e.strerror or e}); give this user read access to it "
+                         f"(chmod u+r {file}) or use another checkpoint") from None
+    if not same:
         raise AiaynError(
             f"{file}: checksum mismatch: the file is corrupt or was edited; restore it or use another "
             f"checkpoint (or delete {MANIFEST_FILE} to accept a deliberate edit)"
@@ -156,6 +160,12 @@ def verify(directory: Path, name: str) -> None:
 
 _COMPLETE, _LEGACY, _INCOMPLETE, _MISSING = "complete", "legacy", "incomplete", "missing"
 _GOOD = (_COMPLETE, _LEGACY)
+
+
+def holds_checkpoint(target: Path) -> bool:
+    """Whether a complete checkpoint can be read at ``target`` (or at ``<target>.old``, where a cut-short save
+    left it)."""
+    return _status(target) in _GOOD or _status(old_path(target)) in _GOOD
 
 
 def _status(directory: Path) -> str:
@@ -207,12 +217,15 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
 
 def checkpoint_file(path: str | os.PathLike, name: str) -> Path:
     """The file ``name`` (e.g. ``"tokenizer.json"``) of the checkpoint ``path``, as :func:`checkpoint_dir`
-    resolves it, so that every file of one load comes from the same complete directory.
+    resolves it, so that every file of one load comes from the same complete directory, checked against the
+    manifest (:func:`verify`).
 
     Raises:
-        AiaynError: no checkpoint directory at ``path``.
+        AiaynError: no checkpoint directory at ``path``, or the file differs from the checkpoint's manifest.
     """
-    return checkpoint_dir(path) / name
+    directory = checkpoint_dir(path)
+    verify(directory, name)
+    return directory / name
 
 
 def recovered_file(path: str | os.PathLike) -> Path:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from aiayn.errors import AiaynError
+from aiayn.output_folder import OutputFolder, merge_into
 from aiayn.train.checkpoint_files import (
     ALIASES_KEY,
     CONFIG_FILE,
@@ -29,6 +30,7 @@ from aiayn.train.checkpoint_files import (
     STATE_FILE,
     check_target,
     commit,
+    holds_checkpoint,
     old_path,
     write_tmp,
 )
@@ -99,10 +101,10 @@ def _serialize(
     state_dict = model if isinstance(model, Mapping) else model.state_dict()
     bad = first_non_finite(state_dict)
     if bad is not None:
-        raise AiaynError(
-            f"{target}: not saved: tensor {bad} holds NaN/inf, the run diverged; lower the learning rate or "
-            "clip gradients, and resume from an earlier checkpoint (a previous one there is unchanged)"
-        )
+        earlier = ("resume from the earlier checkpoint there, which is unchanged" if holds_checkpoint(target)
+                   else "train again (no earlier checkpoint is there)")
+        raise AiaynError(f"{target}: not saved: tensor {bad} holds NaN/inf, the run diverged; lower the learning "
+                         f"rate or clip gradients, and {earlier}")
     tensors, aliases = _dedupe(state_dict)
     tensors = {k: v.contiguous() for k, v in tensors.items()}  # e.g. column-major inference weights
     files = {
@@ -145,10 +147,9 @@ def _tokenizer_source(tokenizer_writer: TokenizerWriter | None) -> Callable[[Pat
 
 def _save_error(target: Path, e: OSError) -> AiaynError:
     cause, fix = describe_os_error(e)
-    return AiaynError(
-        f"{error_path(e, target)}: {cause}; cannot save the checkpoint {target}: {fix} (a previous "
-        "checkpoint there is unchanged and still loads)"
-    )
+    before = ("a previous checkpoint there is unchanged and still loads" if holds_checkpoint(target)
+              else "no checkpoint was there before, and none is left half-written")
+    return AiaynError(f"{error_path(e, target)}: {cause}; cannot save the checkpoint {target}: {fix} ({before})")
 
 
 def save_checkpoint(
@@ -161,6 +162,7 @@ def save_checkpoint(
     train_state: dict | None = None,
     tokenizer_writer: TokenizerWriter | None = None,
     shard_writer: Callable[[Path], None] | None = None,
+    into: OutputFolder | None = None,
 ) -> Path:
     """Write a checkpoint directory so that a kill at any point leaves a loadable one (:mod:`aiayn.train.checkpoint`).
 
@@ -181,6 +183,10 @@ def save_checkpoint(
         shard_writer: a callable ``f(directory)`` that writes more files into the temporary folder before the
             other files and the manifest (a sharded run's ``dcp/`` folder, written by every rank:
             :mod:`aiayn.train.dcp_checkpoint`); the manifest lists them.
+        into: ``path`` as :func:`aiayn.output_folder.check_output_folder` checked it for a command that writes a
+            checkpoint where the user says (``aiayn convert --from-hf``, ``aiayn average``): a folder that holds
+            more than an earlier checkpoint then gets the checkpoint's files one by one, every other file left as
+            it is (:func:`aiayn.output_folder.merge_into`). None: the run's own folders, replaced as a whole.
 
     Returns:
         The checkpoint directory.
@@ -195,8 +201,10 @@ def save_checkpoint(
     old = old_path(target)
     files = _serialize(target, model, config, optimizer, scheduler, train_state)
     tokenizer = _tokenizer_source(tokenizer_writer)
+    merge = into is not None and not into.whole
     try:
-        check_target(target, old)
+        if not merge:
+            check_target(target, old)
         target.parent.mkdir(parents=True, exist_ok=True)
         sweep(target.parent)
         tmp = side_name(target, "tmp")
@@ -206,7 +214,10 @@ def save_checkpoint(
                 if shard_writer is not None:
                     shard_writer(tmp)
                 write_tmp(tmp, files, tokenizer)
-                commit(tmp, target, old)
+                if merge:
+                    merge_into(tmp, into)
+                else:
+                    commit(tmp, target, old)
             except BaseException:
                 remove_tree(tmp)
                 raise

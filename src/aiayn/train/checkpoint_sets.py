@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from aiayn.errors import AiaynError
+from aiayn.output_folder import CHECKPOINT, check_output_folder
 from aiayn.train.checkpoint_files import OWN_FILES, checkpoint_dir, old_path
 from aiayn.train.checkpoint_load import load_config, read_model_file
 from aiayn.train.checkpoint_save import save_checkpoint
@@ -80,7 +81,7 @@ def periodic_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return sorted((Path(run_dir) / name for name in steps), key=lambda p: int(p.name.split("-", 1)[1]))
 
 
-def write_average(paths: Iterable[str | os.PathLike], out: str | os.PathLike) -> Path:
+def write_average(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Average checkpoints (:func:`average_checkpoints`) into a new checkpoint directory ``out``.
 
     ``config.json`` and the tokenizer files come from the last checkpoint; no training state is written,
@@ -88,27 +89,33 @@ def write_average(paths: Iterable[str | os.PathLike], out: str | os.PathLike) ->
 
     Args:
         paths: checkpoint directories of one model (at least one).
-        out: the directory to write (atomically; an existing checkpoint there is replaced).
+        out: the directory to write (atomically): a new or empty folder, or an aiayn checkpoint (replaced); any
+            other folder only with ``overwrite`` (:func:`aiayn.output_folder.check_output_folder`).
+        overwrite: write the checkpoint's files into a folder that holds other things (only files of the same
+            names are replaced; nothing else there is changed or removed).
 
     Returns:
         The written directory.
 
     Raises:
-        AiaynError: the checkpoints differ in config or tensors, or ``out`` is one of them.
+        AiaynError: the checkpoints differ in config or tensors; ``out`` is one of them (or inside or around one),
+            or a folder of something else and ``overwrite`` is false.
     """
+    paths = [Path(p) for p in paths]
     dirs = [checkpoint_dir(p) for p in paths]
     if not dirs:
         raise AiaynError("average: no checkpoints given")
     target = Path(out)
     if any(target.resolve() in (d.resolve(), old_path(d).resolve()) for d in dirs):
         raise AiaynError(f"{target}: is one of the checkpoints being averaged; write the average elsewhere")
+    into = check_output_folder(target, CHECKPOINT, overwrite=overwrite, sources=[*paths, *dirs])
     config = load_config(dirs[-1])
     for d in dirs[:-1]:
         if load_config(d).get("model") != config.get("model"):
             raise AiaynError(f"{d}: its model config differs from {dirs[-1]}; average checkpoints of one model")
     state = average_checkpoints(dirs)
     tokenizer_files = [f for f in sorted(dirs[-1].iterdir()) if f.is_file() and f.name not in OWN_FILES]
-    return save_checkpoint(target, state, config, tokenizer_writer=tokenizer_files)
+    return save_checkpoint(target, state, config, tokenizer_writer=tokenizer_files, into=into)
 
 
 def _natural_key(name: str) -> list:

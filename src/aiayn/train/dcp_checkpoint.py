@@ -169,18 +169,25 @@ def set_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     set_optimizer_state_dict(model, optimizer, state, options=options_cls(full_state_dict=True))
 
 
-def export_sharded(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+def export_sharded(path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write an ordinary checkpoint (config, ``model.safetensors`` and tokenizers; no training state) at ``out``
     from the ``dcp/`` folder of the checkpoint ``path``, in this one process.
 
+    ``out`` is a new or empty folder, or an aiayn checkpoint (replaced); any other folder only with ``overwrite``,
+    and then only the checkpoint's files are replaced (:func:`aiayn.output_folder.check_output_folder`).
+
     Raises:
-        AiaynError: ``path`` has no ``dcp/`` folder, or a shard differs from its checksum.
+        AiaynError: ``path`` has no ``dcp/`` folder, or a shard differs from its checksum; ``out`` is ``path`` (or
+            inside or around it), or a folder of something else and ``overwrite`` is false.
     """
 
     from aiayn.config import ModelConfig
     from aiayn.models.build import build_model
+    from aiayn.output_folder import CHECKPOINT, check_output_folder
 
     directory = checkpoint_dir(path)
+    into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, flag="overwrite=True",
+                               sources=[path, directory])
     if not has_sharded(directory):
         raise AiaynError(f"{directory}: no {DCP_DIR}/ folder (not a checkpoint of a sharded run); it is already an "
                          "ordinary checkpoint")
@@ -195,6 +202,6 @@ def export_sharded(path: str | os.PathLike, out: str | os.PathLike) -> Path:
                          "the folder is damaged or from another run") from e
     model.load_state_dict(state["model"])
     tokenizers = [f for f in sorted(directory.iterdir()) if f.is_file() and f.name not in OWN_FILES]
-    target = save_checkpoint(out, model, config, tokenizer_writer=tokenizers)
+    target = save_checkpoint(out, model, config, tokenizer_writer=tokenizers, into=into)
     return target
 

@@ -4,13 +4,21 @@ A run ends at ``train.max_steps`` or after ``train.max_minutes``, whichever come
 known, the bar's total is the step the run will actually reach: ``max_steps`` when that comes first, else the step
 expected when the minutes run out (so tqdm's remaining-time estimate is the time left), and its label says which
 limit binds.
+
+On a terminal it is a tqdm bar; when standard error is a file or a pipe (a log), it prints a plain line every
+``LOG_EVERY_S`` seconds instead, so the log holds no carriage-return refreshes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Iterator
 
 from tqdm import tqdm
+
+LOG_EVERY_S = 60.0  # seconds between plain progress lines in a log
 
 
 class TrainingProgress:
@@ -30,8 +38,12 @@ class TrainingProgress:
         self.start_step, self.elapsed_before = step, elapsed_before
         self.t0 = time.time()
         self.time_binds = False
-        self.bar = tqdm(total=max_steps, initial=step, disable=not enabled, dynamic_ncols=True, unit="step",
-                        desc=f"to step {max_steps}")
+        terminal = sys.stderr.isatty()
+        self.log_lines = enabled and not terminal  # plain lines instead of a redrawn bar
+        self.logged_at, self.postfix = self.t0, {}
+        self.desc = f"to step {max_steps}"
+        self.bar = tqdm(total=max_steps, initial=step, disable=not (enabled and terminal), dynamic_ncols=True,
+                        unit="step", desc=self.desc)
 
     def projected_last_step(self, step: int) -> int:
         """The step the run will end at: ``max_steps``, or sooner when ``max_minutes`` runs out first at the rate
@@ -50,13 +62,33 @@ class TrainingProgress:
         if time_binds != self.time_binds or (time_binds and last != self.bar.total):
             self.time_binds = time_binds
             self.bar.total = last
-            self.bar.set_description_str(f"to the {self.max_minutes:g}-min limit (~step {last})" if time_binds
-                                         else f"to step {self.max_steps}")
+            self.desc = (f"to the {self.max_minutes:g}-min limit (~step {last})" if time_binds
+                         else f"to step {self.max_steps}")
+            self.bar.set_description_str(self.desc)
         self.bar.update(step - self.bar.n)
+        now = time.time()
+        if self.log_lines and (now - self.logged_at >= LOG_EVERY_S or step == self.max_steps):
+            self.logged_at = now
+            minutes = (self.elapsed_before + now - self.t0) / 60
+            values = "".join(f", {k} {v}" for k, v in self.postfix.items())
+            print(f"step {step}/{self.bar.total} ({self.desc}){values}, {minutes:.1f} min", file=sys.stderr,
+                  flush=True)
 
     def set_postfix(self, **values: str) -> None:
         """Loss, learning rate and throughput after the bar."""
+        self.postfix = values
         self.bar.set_postfix(**values)
+
+    @contextlib.contextmanager
+    def validating(self, step: int) -> Iterator[None]:
+        """While the run validates (or saves): the bar says so; a log gets a line."""
+        self.bar.set_description_str(f"validating at step {step}")
+        if self.log_lines:
+            print(f"step {step}: validating", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            self.bar.set_description_str(self.desc)
 
     def close(self) -> None:
         """Finish the bar (its line stays on the terminal)."""

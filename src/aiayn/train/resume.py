@@ -66,6 +66,8 @@ def validate_training_state(state: Mapping[str, Any], file: Path, optimizer: tor
     scheduler = state.get("scheduler")
     if not isinstance(scheduler, dict) or not _is_int(scheduler.get("last_epoch")):
         problems.append("scheduler must be a state dict with an integer last_epoch")
+    elif _is_int(step) and scheduler["last_epoch"] != step:  # the schedule steps once per optimizer step
+        problems.append(f"step={step} but the schedule made {scheduler['last_epoch']} steps; they are saved equal")
     saved_world = state.get("world_size", 1)
     saved_world = saved_world if _is_int(saved_world) and saved_world > 0 else 1
     rng = state.get("rng_by_rank") if saved_world > 1 else state.get("rng")

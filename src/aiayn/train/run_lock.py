@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from aiayn.errors import AiaynError
-from aiayn.train.disk import describe_os_error
+from aiayn.train.disk import describe_os_error, error_path
 
 LOCK_FILE = ".lock"
 _TAKEOVER = ".lock.takeover"  # held for the instant a stale lock is replaced
@@ -191,7 +191,8 @@ class RunLock:
                     time.sleep(0.05)  # being written by a run that is starting
         except OSError as e:
             cause, fix = describe_os_error(e)
-            raise AiaynError(f"{e.filename or self.path}: {cause}; cannot lock the run folder: {fix}") from e
+            raise AiaynError(f"{error_path(e, self.path)}: {cause}; cannot lock the run folder {self.out_dir}: "
+                             f"{fix}") from e
         holder = owner(self.out_dir)
         raise AiaynError(_refusal(holder) if holder else f"{self.path}: cannot take the lock; try again")
 

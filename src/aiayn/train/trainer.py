@@ -39,7 +39,8 @@ from tqdm import tqdm
 from aiayn import accel
 from aiayn.errors import AiaynError
 from aiayn.nn.moe import moe_load_stats
-from aiayn.threads import ThreadGovernor, threads_option
+from aiayn.output_folder import check_run_folder
+from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, threads_option
 from aiayn.train.checkpoint import (
     STATE_FILE,
     capture_rng,
@@ -50,6 +51,7 @@ from aiayn.train.checkpoint import (
     periodic_checkpoints,
     read_state_dict,
     recover_checkpoint,
+    restore_rng,
     save_checkpoint,
     write_average,
 )
@@ -70,6 +72,8 @@ from aiayn.train.resume import SHARDED_FORMAT, check_same_run, restore_rank_rng,
 from aiayn.train.run_lock import RunLock
 from aiayn.train.schedules import build_scheduler
 from aiayn.train.train_config import TrainConfig
+
+METRICS_FILE, CURVE_FILE = "metrics.jsonl", "learning_curve.png"  # beside the checkpoints in train.out_dir
 
 
 class Task(Protocol):
@@ -119,6 +123,7 @@ class TrainResult:
     wall_seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
     averaged_dir: str | None = None  # averaged/, where train.average_last made one
+    trained_seconds: float = 0.0  # steps, validations and saves up to the last step: what train.max_minutes counts
 
 
 def train(task: Task, cfg: TrainConfig, *, resume: bool = False,
@@ -162,8 +167,11 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     on_cpu = next(model.parameters()).device.type == "cpu"
     if cfg.threads and threads_option() is None:  # aiayn --threads N wins over train.threads
         torch.set_num_threads(cfg.threads)
+        forget_start_choice()
     elif ranks.local_world > 1 and on_cpu:  # share the cores instead of oversubscribing them
         torch.set_num_threads(max(1, torch.get_num_threads() // ranks.local_world))
+    if ranks.main:
+        announce_threads()  # the command's start-up choice, said now that the recipe is known to be good
     if cfg.freeze:  # before the optimizer, which then leaves the frozen parameters out
         frozen = freeze_parameters(model, cfg.freeze)
         if ranks.main:
@@ -173,6 +181,12 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     accel.accelerate(model, "train", "none" if cfg.compile else cfg.accel)
     out = Path(cfg.out_dir)
     last = out / "last"
+    if ranks.main and not resume:
+        check_run_folder(out)  # a folder of the user's, not a run's, is never written into
+    for name in (METRICS_FILE, CURVE_FILE):  # files the run writes, refused now rather than after training
+        if ranks.main and (out / name).is_dir():
+            raise AiaynError(f"{out / name}: is a folder, where training writes its {name} file; remove or rename "
+                             "the folder, or choose another train.out_dir")
     recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
     config_json = task.checkpoint_config()
     state, changes, by_name = None, [], None
@@ -212,21 +226,27 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
 
     step, position, best, elapsed_before, skipped = 0, None, None, 0.0, 0
     if state is not None:
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         if state.get("sharded") == SHARDED_FORMAT:
             load_sharded(last, model, optimizer)  # resharded to this run's ranks
         elif by_name is not None:
             set_full_optimizer_state(model, optimizer, by_name)
         else:
             optimizer.load_state_dict(state["optimizer"])
-        # the schedule's shape comes from this run's config (a resumed run may extend max_steps and so re-plan a
-        # cosine decay); only its position comes from the checkpoint
-        scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+        _continue_schedule(optimizer, scheduler, settings, state["scheduler"])
         step, position, best = state["step"], state["position"], state["best"]
         skipped = state.get("nonfinite_skipped", 0)
         if scaler.is_enabled() and "grad_scaler" in state:
             scaler.load_state_dict(state["grad_scaler"])
         elapsed_before = state.get("elapsed", 0.0)
-        changes += restore_rank_rng(state, ranks, cfg.seed, cfg.accum)
+        if step >= cfg.max_steps:
+            raise AiaynError(f"{last}: the run is at step {step}, and train.max_steps is {cfg.max_steps}: nothing to "
+                             f"train; raise train.max_steps (e.g. train.max_steps={step + cfg.max_steps}) to go on")
+        try:
+            changes += restore_rank_rng(state, ranks, cfg.seed, cfg.accum)
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
+            raise AiaynError(f"{last / STATE_FILE}: its random-number generator state is damaged ({e}); restore "
+                             "the file, or start a new run in another train.out_dir") from None
         if ranks.main:
             epoch = f", epoch {position['epoch'] + 1}" if isinstance(position.get("epoch"), int) else ""
             tqdm.write(f"resuming from step {step}{epoch} ({last}, {elapsed_before / 60:.1f} min trained)"
@@ -236,8 +256,8 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     if ranks.main:
         out.mkdir(parents=True, exist_ok=True)
     if ranks.main and resume:
-        drop_rows_after(out / "metrics.jsonl", step)  # rows of steps this run makes again
-    log = MetricsLogger(out / "metrics.jsonl") if ranks.main else None
+        drop_rows_after(out / METRICS_FILE, step)  # rows of steps this run makes again
+    log = MetricsLogger(out / METRICS_FILE) if ranks.main else None
     rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
 
     def gather_rng() -> list | None:  # a collective: every rank calls it at the same steps
@@ -288,7 +308,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
 
     saved_at = {"step": step if resume else None}  # the step of the training state in last/
     t0 = time.time()
-    stream = task.batches(position)
+    stream = _resumed(task.batches(position), last / STATE_FILE) if resume else task.batches(position)
     bar = TrainingProgress(cfg.max_steps, cfg.max_minutes, step, elapsed_before, cfg.progress and ranks.main)
     window = {"loss": 0.0, "nll": 0.0, "moe": 0.0, "tokens": 0, "time": time.time()}
     model.train()
@@ -296,11 +316,12 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
     stop = cfg.max_minutes is not None and elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
     bad_in_row = 0  # consecutive steps with a non-finite loss or gradient norm
+    done = {"position": position, "rng": capture_rng()}  # after the last whole step: what an interrupt saves
     try:
         while step < cfg.max_steps and not stop:
             micro = []
             for _ in range(cfg.accum * ranks.world):
-                batch, position = _next_batch(stream, out, resume)
+                batch, position = next(stream)
                 micro.append(batch)
             optimizer.zero_grad(set_to_none=True)
             loss_total, nll_total, moe_total = 0.0, 0.0, 0.0
@@ -346,12 +367,14 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                     log.log({"step": step + 1, "skipped_update": problem, "nonfinite_skipped": skipped})
                 if bad_in_row >= cfg.max_nonfinite_steps:
                     raise AiaynError(_diverged_message(cfg, step + 1, bad_in_row, out, saved_at["step"]))
+                done = {"position": position, "rng": capture_rng()}
                 continue
             bad_in_row = 0
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
             step += 1
+            done = {"position": position, "rng": capture_rng()}
             governor.after_step(total_targets)
             window["loss"] += loss_total
             window["nll"] += nll_total
@@ -384,7 +407,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             if ranks.main:
                 with _all_cores(ranks, on_cpu):
                     if evaluate:
-                        with _evaluating(task, weights):
+                        with _evaluating(task, weights), bar.validating(step):
                             best = _evaluate_and_keep(task, step, best, log, out, save)
                         model.train()
                     if periodic:
@@ -395,24 +418,34 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                     save(last, with_state=True)
                 ranks.barrier()
     except KeyboardInterrupt:
+        bar.close()
+        if ranks.world == 1 and step > 0 and saved_at["step"] != step:  # save the last whole step, resumable
+            position = done["position"]
+            restore_rng(done["rng"])
+            tqdm.write(f"saving step {step} to {last} before stopping (interrupt again to skip)")
+            with contextlib.suppress(KeyboardInterrupt):  # a save cut short is rolled back: last/ stays as it was
+                save(last, with_state=True)
         if ranks.main:
-            bar.close()
-            saved = (f"last saved: step {saved_at['step']} in {out / 'last'}" if saved_at["step"] is not None
-                     else "nothing saved yet")
+            saved = (f"last saved: step {saved_at['step']} in {last}" if saved_at["step"] is not None
+                     else "nothing saved")
             tqdm.write(f"interrupted at step {step}; {saved}")
         raise
     except AiaynError:
         bar.close()
         raise
     bar.close()
+    trained_seconds = elapsed_before + time.time() - t0  # what train.max_minutes counts
     if ranks.main and step < cfg.max_steps:
         tqdm.write(f"stopped by train.max_minutes={cfg.max_minutes:g} at step {step} of max_steps "
-                   f"{cfg.max_steps}; to go on, raise train.max_minutes and pass --resume")
+                   f"{cfg.max_steps} ({trained_seconds / 60:.1f} min of steps, validations and saves; start-up "
+                   "before them and the last validation and save after them are not counted); to go on, raise "
+                   "train.max_minutes and pass --resume")
     accel.release_workspace()  # the accelerator's training buffers, no longer needed
     rng_by_rank = gather_rng()
     refresh_weights()
     averaged_dir = None
     if ranks.main and step < cfg.max_steps and step % cfg.eval_every != 0:  # stopped by max_minutes
+        tqdm.write(f"step {step}: validating and saving before stopping")
         with _all_cores(ranks, on_cpu), _evaluating(task, weights):
             best = _evaluate_and_keep(task, step, best, log, out, save)
     with _all_cores(ranks, on_cpu):
@@ -434,23 +467,24 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
                     _report_average(task, dirs, metrics, best)
         log.close()
     ranks.barrier()
-    history = read_metrics(out / "metrics.jsonl") if ranks.main else []
+    history = read_metrics(out / METRICS_FILE) if ranks.main else []
     if ranks.main:
         _plot(history, out)
     return TrainResult(step, None if best is None else best["value"], str(out / "best") if best else None,
-                       str(out / "last"), elapsed_before + time.time() - t0, history, averaged_dir)
+                       str(out / "last"), elapsed_before + time.time() - t0, history, averaged_dir,
+                       trained_seconds)
 
 
-def _next_batch(stream: Iterator, out: Path, resume: bool) -> tuple[Any, Any]:
-    """The next (batch, position) of a task's stream; a saved position that does not fit the data is an error
-    naming the checkpoint, not a ``KeyError``."""
+def _resumed(stream: Iterator, file: Path) -> Iterator[tuple[Any, Any]]:
+    """A task's (batch, position) stream started at a saved position: a position that does not fit the data, or
+    a damaged sampler state, is an error naming the training state ``file`` when the first batch is drawn."""
     try:
-        return next(stream)
-    except (KeyError, TypeError, IndexError, ValueError) as e:
-        if not resume:
-            raise
-        raise AiaynError(f"{out / 'last' / STATE_FILE}: its data position does not fit this run's data ({e!r}); "
-                         "resume with the original data, or start a new run in another train.out_dir") from e
+        first = next(stream)
+    except (KeyError, TypeError, IndexError, ValueError, RuntimeError, AiaynError) as e:
+        raise AiaynError(f"{file}: its data position does not fit this run's data or is damaged ({e}); resume "
+                         "with the original data, or start a new run in another train.out_dir") from None
+    yield first
+    yield from stream
 
 
 def _grad_norm(par: Parallel, model: nn.Module, clip_norm: float | None) -> float:
@@ -463,6 +497,22 @@ def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer ``train.optimizer`` names over ``model``'s trainable parameters (fused where supported)."""
     return build_optimizer(model, cfg.optimizer, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                            weight_decay=cfg.weight_decay)
+
+
+def _continue_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                       settings: list[dict[str, Any]], saved: dict[str, Any]) -> None:
+    """Continue a resumed run under this run's ``[train]`` settings: the optimizer keeps its loaded moments but
+    takes this run's hyper-parameters (``settings``: lr, betas, eps, weight decay per group), and the schedule
+    keeps only its position (``last_epoch``) from ``saved``, so a changed lr, warmup, schedule or max_steps
+    applies from the first resumed step."""
+    for group, mine in zip(optimizer.param_groups, settings):
+        group.update(mine)
+    scheduler.load_state_dict({**saved, "lr_lambdas": [None] * len(scheduler.lr_lambdas),
+                               "base_lrs": [g["initial_lr"] for g in optimizer.param_groups]})
+    lrs = [base * f(scheduler.last_epoch) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports until the next step
 
 
 def _resume_state(last: Path, cfg: TrainConfig) -> dict[str, Any]:
@@ -494,8 +544,9 @@ def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_
     """The error that ends a run after ``count`` non-finite steps in a row."""
     where = ("no checkpoint was written" if saved_step is None
              else f"the last checkpoint, with finite weights, is {out / 'last'} (step {saved_step})")
-    return (f"training diverged: {count} steps in a row up to step {step} had a non-finite loss or gradient norm "
-            f"(train.max_nonfinite_steps={cfg.max_nonfinite_steps}); {where}. Lower train.lr (now {cfg.lr:g}), "
+    return (f"training diverged: {count} tries in a row at step {step}, each on new batches, had a non-finite loss "
+            f"or gradient norm and were skipped (train.max_nonfinite_steps={cfg.max_nonfinite_steps}); {where}. "
+            f"Lower train.lr (now {cfg.lr:g}), "
             "raise train.warmup or set train.clip_norm, then continue with --resume or start again")
 
 
@@ -541,9 +592,11 @@ def _better(task: Task, value: float, than: float) -> bool:
 
 
 def _evaluate_and_keep(task: Task, step: int, best: dict | None, log: MetricsLogger, out: Path, save) -> dict:
+    started = time.time()
     metrics = task.evaluate()
     log.log({"step": step, **{f"val_{k}": v for k, v in metrics.items()}, **getattr(task, "metric_notes", {})})
-    tqdm.write("step {}: {}".format(step, ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items())))
+    tqdm.write("step {}: {} ({:.1f} s)".format(step, ", ".join(f"val_{k}={v:.4g}" for k, v in metrics.items()),
+                                             time.time() - started))
     value = metrics[task.select_metric]
     better = best is None or _better(task, value, best["value"])
     if better and math.isfinite(value):
@@ -567,7 +620,7 @@ def _plot(history: list[dict[str, Any]], out: Path) -> None:
     try:
         from aiayn.viz.curves import plot_learning_curves
 
-        plot_learning_curves(history, out / "learning_curve.png", ys=("train_nll", "val_loss"),
+        plot_learning_curves(history, out / CURVE_FILE, ys=("train_nll", "val_loss"),
                              title="per-token NLL (train: running mean, no label smoothing)")
     except AiaynError as e:  # matplotlib missing: training results still stand
         tqdm.write(f"note: {e}")

@@ -35,11 +35,20 @@ def _as_tensor(x: Tensor | Sequence[Any]) -> Tensor:
 
 
 def save_figure(fig: Any, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as a PNG at :data:`DPI` (parents made), close it, and return the path."""
+    """Write ``fig`` as a PNG at :data:`DPI` (parents made), close it, and return the path.
+
+    Raises:
+        AiaynError: the file cannot be written (a folder of that name, no space, no permission).
+    """
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
-    _pyplot().close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=DPI, format="png")
+    except OSError as e:
+        raise AiaynError(f"{e.filename or out}: cannot write the picture ({e.strerror or e}); remove what is in "
+                         "the way, or choose another path") from None
+    finally:
+        _pyplot().close(fig)
     return out
 
 

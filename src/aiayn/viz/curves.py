@@ -79,6 +79,10 @@ def plot_learning_curves(
     ax.legend()
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png")
+    except OSError as e:
+        raise AiaynError(f"{e.filename or out}: cannot write the learning curve ({e.strerror or e}); remove what "
+                         "is in the way, or choose another path") from None
     return out

@@ -1,0 +1,48 @@
+"""Writing a file so that a reader sees the old file or the whole new one, never a part, with the permissions an
+ordinary ``open()`` would give it (the umask's).
+
+Only the standard library: every package may import it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file under the process's umask (usually 0o644)."""
+    mask = os.umask(0o022)  # reading the umask means setting it; set it straight back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsynced, then a rename.
+
+    Parent folders are created. Either the old file or the complete new one exists at every moment, and the new
+    one has the umask's mode (a temporary file alone would be 0o600).
+
+    Args:
+        path: the destination file.
+        data: the bytes to write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, default_file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,382 @@
+"""Where a command may write its output folder, and how it puts its files there without touching anyone else's.
+
+The rule (:func:`check_output_folder`): a command writes into a new folder, an empty folder, or a folder that is
+already its own kind of aiayn output, recognised by the manifest aiayn wrote there (never by a bare file name such
+as ``config.json``):
+
+- an aiayn checkpoint (``aiayn convert --from-hf``, ``aiayn average``, a sharded export) by its ``manifest.json``
+  (:mod:`aiayn.train.checkpoint_files`: ``format_version`` and the size and SHA-256 of every file);
+- a transformers folder (``aiayn convert --to-hf``) or the pictures of ``aiayn inspect --png`` by
+  ``aiayn-output.json``: the kind of output and the size and SHA-256 of every file aiayn wrote.
+
+Any other folder is refused with one :class:`~aiayn.errors.AiaynError` naming it and the flag that allows it
+(``--overwrite``). With the flag, and in a folder of the command's own kind that also holds other files, only the
+files the command writes are replaced (:func:`merge_into`); nothing else there is changed or removed. A folder
+that is, holds or lies inside a source of the command is refused always.
+
+Writing: the command fills a hidden sibling (:func:`staging_folder`, made with the umask's mode, as every other
+folder) and :func:`install` puts it in place: renamed into place when the folder is new or holds nothing but the
+command's earlier output; otherwise file by file (each an atomic rename), the manifest last.
+
+:func:`check_run_folder` is the rule for ``train.out_dir``: a new run starts in a new or empty folder, or one
+holding only what training runs write there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from aiayn.errors import AiaynError
+
+CHECKPOINT = "aiayn checkpoint"
+TRANSFORMERS = "transformers folder"
+PICTURES = "pictures folder"
+CHECKPOINT_MANIFEST = "manifest.json"  # aiayn.train.checkpoint_files.MANIFEST_FILE
+MARKER = "aiayn-output.json"  # the manifest of every other kind of output
+MARKER_VERSION = 1
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # as aiayn.train.disk names side folders
+
+
+def manifest_name(kind: str) -> str:
+    """The file that marks a folder as ``kind`` of aiayn output: ``manifest.json`` or ``aiayn-output.json``."""
+    return CHECKPOINT_MANIFEST if kind == CHECKPOINT else MARKER
+
+
+@dataclass(frozen=True)
+class OutputFolder:
+    """An output folder checked by :func:`check_output_folder`.
+
+    Attributes:
+        path: the folder.
+        kind: what the command writes there (:data:`CHECKPOINT`, :data:`TRANSFORMERS`, :data:`PICTURES`).
+        state: ``new`` (missing), ``empty``, ``own`` (holds this kind's manifest) or ``other`` (allowed by the flag).
+        previous: the files the earlier output recorded in its manifest (relative path -> ``{"size", "sha256"}``).
+        whole: whether the output replaces the folder as a whole (a rename): it is new, or holds nothing but the
+            files of ``previous`` and the manifest; otherwise the files are moved in one by one.
+    """
+
+    path: Path
+    kind: str
+    state: str
+    previous: dict[str, dict[str, Any]] = field(default_factory=dict)
+    whole: bool = True
+
+
+def _read_manifest(folder: Path, kind: str) -> dict[str, dict[str, Any]] | None:
+    """The files listed by ``folder``'s manifest of ``kind``; None when it has none (or not of this kind)."""
+    file = folder / manifest_name(kind)
+    try:
+        if file.is_symlink() or not file.is_file():
+            return None
+        data = json.loads(file.read_text(encoding="utf-8"))
+        files = data["files"]
+        ok = isinstance(data["format_version"], int) and isinstance(files, dict) and all(
+            isinstance(k, str) and isinstance(v["size"], int) and isinstance(v["sha256"], str)
+            for k, v in files.items())
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    if not ok or (kind != CHECKPOINT and data.get("aiayn_output") != kind):
+        return None
+    return files
+
+
+def _only_listed(folder: Path, listed: set[str]) -> bool:
+    """Whether every entry under ``folder`` is a listed file or a folder of listed files (empty folders are not)."""
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        if root != str(folder) and not dirs and not files:
+            return False
+        for name in files:
+            if (rel / name).as_posix() not in listed:
+                return False
+        for name in dirs:
+            if (Path(root) / name).is_symlink():
+                return False  # os.walk lists a link to a folder among the folders, and does not enter it
+    return True
+
+
+def _is_within(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def _check_sources(out: Path, sources: Iterable[str | os.PathLike]) -> None:
+    here = out.resolve()
+    for source in sources:
+        src = Path(source)
+        there = src.resolve()
+        if _is_within(here, there) or _is_within(there, here):
+            relation = "is" if here == there else "lies inside" if _is_within(here, there) else "holds"
+            raise AiaynError(f"{out}: {relation} the source {src}; a command never writes into its own input: "
+                             "choose an output folder outside it")
+
+
+def check_output_folder(out: str | os.PathLike, kind: str, *, overwrite: bool = False, flag: str = "--overwrite",
+                        sources: Iterable[str | os.PathLike] = ()) -> OutputFolder:
+    """Check the folder a command is about to write its ``kind`` of output into (see the module docstring).
+
+    Args:
+        out: the output folder.
+        kind: :data:`CHECKPOINT`, :data:`TRANSFORMERS` or :data:`PICTURES`.
+        overwrite: the user's flag: write into a non-empty folder of another kind too (only the command's own
+            files are replaced there).
+        flag: how the user says ``overwrite`` (named in the refusal).
+        sources: the command's input folders; the output may be none of them, nor inside or around one.
+
+    Returns:
+        The checked folder, for :func:`install` (or :func:`merge_into`).
+
+    Raises:
+        AiaynError: ``out`` is a file; it is, holds or lies inside a source; or it is a non-empty folder that is
+            not ``kind``'s output and ``overwrite`` is false.
+    """
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise AiaynError(f"{path}: is a file, not a folder; remove or rename that file, or choose another folder")
+    _check_sources(path, sources)
+    if not path.exists():
+        return OutputFolder(path, kind, "new")
+    try:
+        entries = sorted(p.name for p in islice(path.iterdir(), 1000))
+    except OSError as e:
+        raise AiaynError(f"{path}: cannot read the folder ({e.strerror or e}); make it readable for this user, or "
+                         "choose another folder") from None
+    if not entries:
+        return OutputFolder(path, kind, "empty", whole=False)  # filled in place: the user's folder, its mode kept
+    previous = _read_manifest(path, kind)
+    if previous is not None:
+        whole = not path.is_symlink() and _only_listed(path, {*previous, manifest_name(kind)})
+        return OutputFolder(path, kind, "own", previous, whole)
+    if overwrite:
+        return OutputFolder(path, kind, "other", whole=False)
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    article = "an" if kind[0] in "aeiou" else "a"
+    raise AiaynError(f"{path}: exists, holds {shown}, and no {manifest_name(kind)} of aiayn's marks it as {article} "
+                     f"{kind}; refusing to write into it: choose a new or empty folder, or pass {flag} to write the "
+                     f"{kind}'s files into it (files of the same names are replaced; nothing else there is changed "
+                     "or removed)")
+
+
+# ----------------------------------------------------------------------------------------------------- writing
+
+
+def staging_folder(out: str | os.PathLike) -> Path:
+    """A new hidden sibling ``.<name>.tmp-<host>-<pid>-<random>`` of ``out`` to write the output into (its mode
+    as the umask allows, as any folder the user makes; aiayn's savers sweep it up when its process is gone).
+
+    Raises:
+        AiaynError: the folder cannot be made (named, with the cause).
+    """
+    out = Path(out)
+    tmp = out.parent / f".{out.name}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(tmp)
+    except OSError as e:
+        raise AiaynError(f"{e.filename or tmp}: cannot create a folder beside {out} ({e.strerror or e}); make "
+                         f"{out.parent} writable for this user, or choose another folder") from None
+    return tmp
+
+
+def umask() -> int:
+    """This process's umask (read without changing it where Linux tells it, in ``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(file: str | os.PathLike) -> None:
+    """Give ``file`` the mode a new file gets under the umask (0644 under 022): for files a library writes with
+    a mode of its own (safetensors' ``save_file`` writes 0600)."""
+    os.chmod(file, 0o666 & ~umask())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(tmp: Path) -> list[str]:
+    """The files under ``tmp`` as relative POSIX paths, sorted."""
+    return sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+
+
+def write_marker(tmp: Path, kind: str) -> None:
+    """Write ``aiayn-output.json`` into ``tmp``: the kind of output and the size and SHA-256 of every file in it."""
+    files = {name: {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+             for name in _files(tmp) if name != MARKER}
+    data = {"aiayn_output": kind, "format_version": MARKER_VERSION, "files": files}
+    (tmp / MARKER).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def merge_into(tmp: Path, folder: OutputFolder) -> None:
+    """Move every file of ``tmp`` into ``folder.path`` (each an atomic rename, the manifest last), leaving every
+    other file there as it is; files the earlier output listed and this one does not write are removed when
+    they are still as recorded (size and SHA-256). ``tmp`` is removed.
+
+    Raises:
+        AiaynError: a file of ``tmp`` would replace a folder there (nothing is moved then).
+        OSError: a rename failed.
+    """
+    out = folder.path
+    marker = manifest_name(folder.kind)
+    names = [n for n in _files(tmp) if n != marker]
+    for name in [*names, marker]:
+        dest = out / name
+        ancestors = [out / part for part in reversed(Path(name).parents[:-1])]
+        in_the_way = [p for p in ancestors if p.is_symlink() or (p.exists() and not p.is_dir())]
+        in_the_way += [dest] if dest.is_dir() and not dest.is_symlink() else []
+        if in_the_way:
+            here = in_the_way[0]
+            raise AiaynError(f"{here}: is in the way of the file {dest} that the {folder.kind} holds; move it "
+                             "away, or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / marker).is_file() or (out / marker).is_symlink():
+        os.unlink(out / marker)  # until the new one is in place, no manifest vouches for a half-replaced folder
+    for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / name, out / name)
+    for name, entry in folder.previous.items():
+        stale = out / name
+        if name in names or name == marker or Path(name).is_absolute() or ".." in Path(name).parts:
+            continue
+        if stale.is_symlink() or not stale.is_file():
+            continue
+        if stale.stat().st_size == entry.get("size") and _sha256(stale) == entry.get("sha256"):
+            stale.unlink()
+            for parent in stale.relative_to(out).parents[:-1]:
+                try:
+                    (out / parent).rmdir()  # only when empty
+                except OSError:
+                    break
+    if (tmp / marker).is_file():
+        os.replace(tmp / marker, out / marker)
+    _fsync_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def install(tmp: Path, folder: OutputFolder) -> Path:
+    """Put the output written into ``tmp`` (:func:`staging_folder`) in place at ``folder.path``, with its manifest
+    (:func:`write_marker`, for a kind other than a checkpoint, whose manifest the saver writes).
+
+    A new folder, or one holding nothing but the earlier output, is replaced by renaming ``tmp`` into place; any
+    other is merged file by file (:func:`merge_into`). ``tmp`` is gone afterwards, also on an error.
+
+    Raises:
+        AiaynError: writing failed (named, with the cause), or a file would replace a folder.
+    """
+    out = folder.path
+    try:
+        if folder.kind != CHECKPOINT:
+            write_marker(tmp, folder.kind)
+        if not folder.whole:
+            merge_into(tmp, folder)
+        elif not out.exists():
+            os.rename(tmp, out)
+        else:
+            trash = out.parent / f".{out.name}.trash-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(out, trash)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(trash, out)
+                raise
+            shutil.rmtree(trash, ignore_errors=True)
+        _fsync_dir(out.parent)
+    except OSError as e:
+        raise AiaynError(f"{out}: cannot write the {folder.kind} ({e.strerror or e}); check the disk space and "
+                         "permissions (nothing else in the folder was changed)") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- run folders
+
+#: what training writes into ``train.out_dir``: checkpoint folders (and their ``.old`` copies of an interrupted
+#: save), the metrics log, the learning curve, the lock, and hidden temporary / trash folders of saves
+_RUN_FOLDERS = re.compile(r"^(last|best|averaged|step-\d+)(\.old)?$")
+_RUN_FILES = {".lock", ".lock.takeover", "metrics.jsonl", "metrics.csv", "learning_curve.png"}
+_SIDE = re.compile(r"^\..+\.(tmp|trash)-([A-Za-z0-9._]+-)?\d+-[0-9a-f]{8}$")
+
+
+def clear_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> None:
+    """Empty a run folder for a new run of the same program (a demo run again): its checkpoints, metrics and
+    curve, and the ``extra`` files the program writes beside them, after :func:`check_run_folder` found nothing
+    else there. A live run's ``.lock`` stays (the new run then stops at it).
+
+    Raises:
+        AiaynError: ``out`` holds anything else (named), or is a file.
+    """
+    path = Path(out)
+    check_run_folder(path, extra)
+    if not path.is_dir():
+        return
+    for entry in path.iterdir():
+        if entry.name in (".lock", ".lock.takeover"):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def check_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> None:
+    """Refuse to start a new training run in a folder that is not a run folder of aiayn's.
+
+    A new run writes ``last/``, ``best/``, ``step-N/``, ``averaged/``, ``metrics.jsonl`` and ``learning_curve.png``
+    into ``train.out_dir`` (and prunes old ``step-N/``), so it starts only in a new or empty folder, or in one
+    that holds nothing but such entries (and the ``extra`` file names a program writes beside them).
+
+    Raises:
+        AiaynError: ``out`` holds anything else (named), or is a file.
+    """
+    path = Path(out)
+    if not path.is_dir():
+        if path.exists():
+            raise AiaynError(f"{path}: is a file, not a folder; choose another train.out_dir")
+        return
+    for name in sorted(_RUN_FILES):
+        if (path / name).is_dir():
+            raise AiaynError(f"{path / name}: is a folder, where training writes its {name} file; remove or rename "
+                             "the folder, or choose another train.out_dir")
+    foreign = sorted(p.name for p in path.iterdir()
+                     if not (p.is_dir() and not p.is_symlink() and (_RUN_FOLDERS.match(p.name) or _SIDE.match(p.name)))
+                     and not (p.is_file() and (p.name in _RUN_FILES or p.name in extra)))
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise AiaynError(f"{path}: exists and is not an aiayn run folder (it holds {shown}); a new run writes "
+                         "last/, best/, step-N/ and metrics.jsonl there: choose another train.out_dir (a new or "
+                         "empty folder)")
