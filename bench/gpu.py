@@ -12,11 +12,6 @@ transformers with the same weights, and the peak memory of each.
 - **beam**: beam 4, batch 32, 20-token sources, 21 decoder steps at paper-base size (6 + 6 layers, 512 wide, vocab
   32000): aiayn ``translate`` against ``MarianMTModel.generate`` (random weights each; output lengths held equal).
 
-On CUDA both decoding cases also run ``aiayn-static``: the same weights through
-:func:`aiayn.accel.cuda.for_decoding` (what ``accelerate(model, "decode")`` applies there), a static KV cache and a
-decoding step compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs); its first, untimed run compiles
-and records the graphs.
-
 Peak memory: ``torch.cuda.max_memory_allocated`` during each contender's runs (on the CPU, the process's peak RSS).
 ``--tiny`` runs everything at toy sizes in float32 on whatever device there is (the smoke test's setting). Prints a
 table and writes ``bench/results/gpu.json`` (``bench/results/quick/gpu.json`` with ``--tiny``).
@@ -43,7 +38,6 @@ import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import translate_beam  # noqa: E402
 
-from aiayn.accel.cuda import for_decoding  # noqa: E402
 from aiayn.generate import generate, translate  # noqa: E402
 from aiayn.models.stats import forward_flops_per_token  # noqa: E402
 from aiayn.train.optim import build_optimizer  # noqa: E402
@@ -176,7 +170,6 @@ def greedy_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str,
     ours, hf = generate_lm.build_pair(s.lm, variant=None)
     dtype = torch.bfloat16 if bf16 else torch.float32
     ours, hf = ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
-    static = for_decoding(copy.deepcopy(ours)) if device.type == "cuda" else None
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(5, s.lm.vocab_size - 1, (1, s.prompt_len), generator=g)
     out: dict[str, Any] = {}
@@ -184,10 +177,6 @@ def greedy_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str,
     def run_ours() -> None:
         out["aiayn"] = generate(ours, prompt.tolist(), max_new_tokens=s.new_tokens, greedy=True, stop_ids=(),
                                 pad_id=0)
-
-    def run_static() -> None:
-        out["aiayn-static"] = generate(static, prompt.tolist(), max_new_tokens=s.new_tokens, greedy=True,
-                                       stop_ids=(), pad_id=0)
 
     def run_hf() -> None:
         with torch.inference_mode():
@@ -197,8 +186,7 @@ def greedy_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str,
                                               pad_token_id=s.lm.vocab_size - 1)
 
     rows = []
-    contenders = [("aiayn", run_ours)] + ([("aiayn-static", run_static)] if static is not None else []) \
-        + [("transformers", run_hf)]
+    contenders = [("aiayn", run_ours), ("transformers", run_hf)]
     for name, fn in contenders:
         seconds, memory = _measure(fn, device, s.runs)
         rows.append({"case": "greedy", "contender": name, "tokens_per_s": s.new_tokens / seconds,
@@ -219,7 +207,6 @@ def beam_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str, A
     out_len = s.src_len + 1
     g = torch.Generator().manual_seed(2)
     src = torch.randint(5, s.seq2seq.vocab_size - 2, (s.beam_batch, s.src_len), generator=g).to(device)
-    static = for_decoding(copy.deepcopy(ours)) if device.type == "cuda" else None
     out: dict[str, Any] = {}
 
     def runner(name: str, model: Any) -> Callable[[], None]:
@@ -239,9 +226,7 @@ def beam_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str, A
                                               max_new_tokens=out_len + 1, early_stopping=False)
 
     rows = []
-    contenders = [("aiayn", runner("aiayn", ours))] \
-        + ([("aiayn-static", runner("aiayn-static", static))] if static is not None else []) \
-        + [("transformers", run_hf)]
+    contenders = [("aiayn", runner("aiayn", ours)), ("transformers", run_hf)]
     for name, fn in contenders:
         seconds, memory = _measure(fn, device, s.runs)
         rows.append({"case": "beam4", "contender": name, "sentences_per_s": s.beam_batch / seconds,

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from aiayn import accel
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.generate.choosers import greedy_chooser
 from aiayn.generate.steppers import LMStepper, Seq2SeqStepper, eval_mode
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.encoder import EncoderModel
@@ -219,8 +220,8 @@ def check_accelerated(model: nn.Module, *, native: bool | None = None, seed: int
             greedy_row = CheckResult("accelerated == reference" + label, "greedy choice from hidden states")
             h = torch.randn(5, config.d_model, generator=torch.Generator().manual_seed(seed)).to(device)
             with eval_mode(decoding), eval_mode(reference):
-                chosen = decoding.lm_head.greedy_chooser([config.pad_id])(h)
-                expected = reference.lm_head.greedy_chooser([config.pad_id])(h)
+                chosen = greedy_chooser(decoding.lm_head, [config.pad_id])(h)
+                expected = greedy_chooser(reference.lm_head, [config.pad_id])(h)
             greedy_row.max_diff = 0.0 if torch.equal(chosen, expected) else float("inf")
             greedy_row.tolerance = 0.0
             rows.append(greedy_row)
@@ -325,6 +326,18 @@ def format_report(rows: list[CheckResult]) -> str:
     failed = sum(not r.passed for r in rows)
     out.append(f"{len(rows) - failed} passed, {failed} failed")
     return "\n".join(out)
+
+
+def kernels_in_use(model: nn.Module, accel_setting: str | None = None) -> dict[str, str]:
+    """What runs when ``model`` trains and when it decodes here: for each purpose, the accelerator's kernels in the
+    core's seams and its modules (:func:`aiayn.accel.describe`, e.g. ``"MultiHeadAttention.attention_kernel=
+    cpu_attention_kernel x4"``), or "the reference core" where it adds nothing."""
+    out = {}
+    for purpose in accel.PURPOSES:
+        copy = _reference_copy(model)
+        used = accel.describe(accel.accelerate(copy if purpose == "train" else copy.eval(), purpose, accel_setting))
+        out[purpose] = ", ".join(f"{name} x{n}" for name, n in used.items()) or "the reference core"
+    return out
 
 
 def _reference_copy(model: nn.Module) -> nn.Module:

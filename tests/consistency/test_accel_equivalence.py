@@ -3,11 +3,10 @@
 The cases cover every pair of values of (architecture, norm, norm position, activation, GELU approximation, position
 scheme, sinusoidal layout, RoPE scaling, MHA/GQA/MQA, sliding window, biases, embedding norm, token types, position
 offset, output bias, tied-output rescale): a new value added to a choice list in ``aiayn.config`` enters this test by
-itself, and the
-accelerator must either compute it exactly as the reference does or decline it (``aiayn.accel.cpu.support``).
+itself. The accelerator changes kernels at the core's seams only, so every case must compute what the reference does.
 Each case compares a training step's loss and gradients, inference logits of a padded batch, cached decoding steps
 with beams reordered, and the greedy choice, with and without the native kernels (``aiayn.check``). Heads of another
-width than d_model / n_heads (``head_dim``) are declined, and such models are held to the reference the same way.
+width than d_model / n_heads (``head_dim``) are held to the reference the same way.
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ import itertools
 import pytest
 import torch
 
+from aiayn import accel
 from aiayn import config as C
 from aiayn.accel.cpu import native
-from aiayn.accel.cpu.support import unsupported
 from aiayn.check import check_accelerated
 from aiayn.config import ModelConfig
 from aiayn.models.build import build_model
@@ -111,7 +110,6 @@ def test_accelerated_equals_reference(case: dict, native_kernels: bool) -> None:
     if native_kernels and native.library() is None:
         pytest.skip(f"the native kernels are not built here: {native.build_error}")
     config = _config(case)
-    assert not unsupported(config), "a choice of the config lists the accelerator does not state it supports"
     torch.manual_seed(0)
     model = build_model(config)
     failed = [f"{r.compared}: {r.max_diff:.2e} > {r.tolerance:.0e}"
@@ -119,37 +117,14 @@ def test_accelerated_equals_reference(case: dict, native_kernels: bool) -> None:
     assert not failed, "\n".join(failed)
 
 
-def test_an_unsupported_choice_falls_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config value the accelerator does not list makes its fast decoding step decline, and decoding still
-    equals the reference."""
-    from aiayn.accel.cpu import fast_step, support
-
-    config = _config(CASES[0] | {"arch": "decoder"})
-    monkeypatch.setitem(support.SUPPORTED, "activation", tuple(v for v in C.ACTIVATIONS if v != config.activation))
-    assert unsupported(config) == [f"activation={config.activation!r}"]
-    calls = []
-    monkeypatch.setattr(fast_step.FastDecoderStep, "__call__", lambda *a, **k: calls.append(1))
-    torch.manual_seed(0)
-    rows = check_accelerated(build_model(config))
-    assert all(r.passed for r in rows) and not calls
-
-
 @pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("arch", C.ARCHS)
-def test_heads_of_another_width_are_declined_and_equal_the_reference(arch: str, native_kernels: bool,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config whose heads are not d_model / n_heads wide (4 heads of 12 in 32) runs no fast decoding step and no
-    native encoder pass, and every accelerated path still equals the reference."""
-    from aiayn.accel.cpu import fast_step
-
+def test_heads_of_another_width_equal_the_reference(arch: str, native_kernels: bool) -> None:
+    """A config whose heads are not d_model / n_heads wide (4 heads of 12 in 32): every accelerated path equals the
+    reference."""
     if native_kernels and native.library() is None:
         pytest.skip(f"the native kernels are not built here: {native.build_error}")
     config = _config(CASES[0] | {"arch": arch}).replace(head_dim=12)
-    assert unsupported(config) == ["head_dim=12"]
-    assert not unsupported(config.replace(head_dim=None))
-    calls = []
-    monkeypatch.setattr(fast_step.FastDecoderStep, "__call__", lambda *a, **k: calls.append("step"))
-    monkeypatch.setattr(fast_step.FastEncoder, "__call__", lambda *a, **k: calls.append("encoder"))
     torch.manual_seed(0)
     model = build_model(config)
     stack = model.encoder if arch == "encoder" else model.decoder
@@ -157,22 +132,27 @@ def test_heads_of_another_width_are_declined_and_equal_the_reference(arch: str, 
     failed = [f"{r.compared}: {r.max_diff:.2e} > {r.tolerance:.0e}"
               for r in check_accelerated(model, native=native_kernels) if not r.passed]
     assert not failed, "\n".join(failed)
-    assert not calls
 
 
-def test_a_field_the_accelerator_does_not_list_is_declined_away_from_its_default(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config field that ``support.py`` lists neither as a choice nor as a size is supported at its default value
-    only: the fast paths decline any other value without being told about the field."""
-    from aiayn.accel.cpu import support
+@pytest.mark.parametrize("purpose", accel.PURPOSES)
+@pytest.mark.parametrize("arch", C.ARCHS)
+def test_the_accelerator_changes_kernels_at_seams_only(arch: str, purpose: str) -> None:
+    """No module changes its class: the accelerated model holds the core's modules (linear layers may be packed ones,
+    modules of their own), with kernels in the seams that ``accel.describe`` and ``print(model)`` name."""
+    from torch import nn
 
-    for name in ("output_bias", "embedding_norm", "gelu_approximate", "qkv_bias"):
-        monkeypatch.delitem(support.SUPPORTED, name)
-    monkeypatch.setattr(support, "NEUTRAL", support.NEUTRAL - {"n_token_types"})
-    config = _config(CASES[0] | {"arch": "decoder"})
-    assert unsupported(config.replace(output_bias=False, embedding_norm=False, gelu_approximate="none",
-                                      qkv_bias=None, n_token_types=None)) == []
-    changed = config.replace(output_bias=True, embedding_norm=True, gelu_approximate="tanh", qkv_bias=True,
-                             n_token_types=2)
-    assert sorted(unsupported(changed)) == ["embedding_norm=True", "gelu_approximate='tanh'", "n_token_types=2",
-                                            "output_bias=True", "qkv_bias=True"]
+    torch.manual_seed(0)
+    reference = build_model(_config(CASES[0] | {"arch": arch}))
+    model = build_model(_config(CASES[0] | {"arch": arch}))
+    model.load_state_dict(reference.state_dict())
+    classes = {name: type(m) for name, m in reference.named_modules()}
+    accel.accelerate(model if purpose == "train" else model.eval(), purpose)
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and type(m).__module__.startswith("aiayn.accel."):
+            continue  # a packed or int8 linear layer in place of nn.Linear
+        assert type(m) is classes.get(name, type(m)), f"{name}: {type(classes[name]).__name__} -> {type(m).__name__}"
+    used = accel.describe(model)
+    assert used.get("MultiHeadAttention.attention_kernel=cpu_attention_kernel")
+    assert "attention_kernel=cpu_attention_kernel" in repr(model)
+    if arch != "encoder":
+        assert used.get("LMHead.loss_kernel=fused_loss") == 1

@@ -1,10 +1,9 @@
 """Attention weights captured from fast passes equal the reference attention's weights.
 
 :func:`aiayn.inspect.capture_attention` records, from the pass that computes the output (SDPA, the CPU
-accelerator's decoding step), ``softmax(q k^T * scale + bias, masked)``. These tests hold the recorded weights equal
+accelerator's attention kernel), ``softmax(q k^T * scale + bias, masked)``. These tests hold the recorded weights equal
 (1e-6) to what the reference backend returns with ``return_weights=True``, for every family, mask and position
-scheme, for a padded batch, and step by step through the KV cache while decoding (the accelerated flat step
-included).
+scheme, for a padded batch, and step by step through the KV cache while decoding (accelerated too).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from aiayn import accel
-from aiayn.accel.cpu import fast_step
+from aiayn.accel.cpu import functional as cpu_kernels
 from aiayn.config import ModelConfig
 from aiayn.generate.lm import generate
 from aiayn.generate.translate import greedy_translate
@@ -122,15 +121,19 @@ def test_only_the_chosen_layers_and_kinds_record() -> None:
 def test_weights_recorded_while_decoding_equal_the_full_pass(family: str, accelerated: bool,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy generation records one call per step; step t's weights are row t of a full pass over the output."""
-    model = _model(FAMILIES[family], accelerated)
     steps = []
-    original = fast_step.FastDecoderStep.__call__
-    monkeypatch.setattr(fast_step.FastDecoderStep, "__call__",
-                        lambda self, *a, **k: steps.append(1) or original(self, *a, **k))
+    original = cpu_kernels.cpu_attention_kernel
+
+    def counted(q, *args):
+        steps.append(q.shape[2])
+        return original(q, *args)
+
+    monkeypatch.setattr(cpu_kernels, "cpu_attention_kernel", counted)
+    model = _model(FAMILIES[family], accelerated)
     prompt = [3, 7, 9, 11]
     with capture_attention(model, kinds=["decoder"]) as cap:
         out = generate(model, [prompt], max_new_tokens=6, greedy=True, stop_ids=())[0]
-    assert (len(steps) > 0) == accelerated  # the accelerated flat step ran, and recorded
+    assert (1 in steps) == accelerated  # the accelerator's kernel served the decoding steps, and they recorded
     seq = torch.tensor([prompt + out[:-1]])  # every token the decoder read
     with torch.no_grad():
         full = model(seq, return_weights=True).attentions["self"]

@@ -13,7 +13,7 @@ from aiayn import ModelConfig, build_model
 from aiayn.accel import accelerate
 from aiayn.accel.cpu import functional as cpu_functional
 from aiayn.accel.cpu import short_attention
-from aiayn.accel.cpu.modules import cpu_attention_kernel
+from aiayn.accel.cpu.functional import cpu_attention_kernel
 from aiayn.config import ARCHS, POSITIONS
 from aiayn.nn import masks as M
 from aiayn.nn.attention import MultiHeadAttention, _expand_kv, scaled_dot_product_attention
@@ -109,7 +109,7 @@ LAYOUTS = [("none", H), ("none", 2), ("none", 1), ("alibi", 2), ("t5", 1)]
 def test_sdpa_equals_reference(mask_name: str, bias_kind: str, kv_heads: int, kernel: str, device: str,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     """kernel "torch": the core's fused kernel (torch's); "two-matmuls": :mod:`aiayn.accel.cpu.short_attention`,
-    which the CPU accelerator's kernel (:func:`~aiayn.accel.cpu.modules.cpu_attention_kernel`) trains CPU attention
+    which the CPU accelerator's kernel (:func:`~aiayn.accel.cpu.functional.cpu_attention_kernel`) trains CPU attention
     over few keys with (this grid has at most 12)."""
     if kernel == "two-matmuls" and device != "cpu":
         pytest.skip("the two-matmul path serves CPU training only")
@@ -278,7 +278,7 @@ def test_decoder_mask_variants_same_on_both_backends(position: str, extra: str) 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_cpu_low_precision_training_attends_in_float32(dtype: torch.dtype, autocast: bool) -> None:
     """Trained in bf16/fp16 on CPU (a low-precision model, or float32 inputs under autocast), the CPU accelerator's
-    kernel for the fused backend (:func:`~aiayn.accel.cpu.modules.cpu_attention_kernel`) attends in float32 (torch's
+    kernel for the fused backend (:func:`~aiayn.accel.cpu.functional.cpu_attention_kernel`) attends in float32 (torch's
     CPU flash kernel is far slower in bf16 with a backward) and hands back the low-precision dtype: output and
     gradients equal float32 attention of the same rounded inputs, with a bias and a padding mask. Without gradients
     it keeps the low-precision kernel."""

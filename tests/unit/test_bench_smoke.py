@@ -126,15 +126,15 @@ def test_aiayn_contenders_are_the_models_users_get(monkeypatch: pytest.MonkeyPat
     ``AIAYN_ACCEL=none`` times the reference core instead."""
     size = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=1, vocab_size=61)
     assert benchlib.has_accel_api()
-    assert accel.substituted(translate_beam.aiayn_model(size))
-    assert not accel.substituted(translate_beam.reference_model(size))
-    assert accel.substituted(translate_beam.aiayn_model(size, "int8")).get("Int8Linear")
-    assert accel.substituted(generate_lm.build_pair(TINY_LM)[0])
-    assert not accel.substituted(generate_lm.build_pair(TINY_LM, variant=None)[0])
+    assert accel.describe(translate_beam.aiayn_model(size))
+    assert not accel.describe(translate_beam.reference_model(size))
+    assert accel.describe(translate_beam.aiayn_model(size, "int8")).get("Int8Linear")
+    assert accel.describe(generate_lm.build_pair(TINY_LM)[0])
+    assert not accel.describe(generate_lm.build_pair(TINY_LM, variant=None)[0])
     with pytest.raises(ValueError, match="variant"):
         benchlib.for_decoding(translate_beam.reference_model(size), "int4")
     monkeypatch.setenv(accel.ENV_VAR, "none")
-    assert not accel.substituted(translate_beam.aiayn_model(size))
+    assert not accel.describe(translate_beam.aiayn_model(size))
 
 
 def test_train_bench_aiayn_is_accelerated_and_agrees_with_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +150,7 @@ def test_train_bench_aiayn_is_accelerated_and_agrees_with_its_reference(monkeypa
             step, _ = train_throughput.build_step(setup, impl, cfg=cfg, shape=dict(batch=2, src=5, tgt=6))
             losses[setup, impl] = [step() for _ in range(3)]
         assert losses[setup, "aiayn"] == pytest.approx(losses[setup, train_throughput.ABLATION], rel=1e-4)
-    assert len(accelerated) == 2 and all(accel.substituted(m).get("CPULMHead") for m in accelerated)
+    assert len(accelerated) == 2 and all(accel.describe(m).get("LMHead.loss_kernel=fused_loss") for m in accelerated)
 
 
 def test_translate_bench_forces_equal_lengths() -> None:

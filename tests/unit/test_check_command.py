@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aiayn import ModelConfig, build_model
-from aiayn.accel.cpu import modules as accel_modules
+from aiayn.accel.cpu import functional as accel_modules
 from aiayn.check import check_accumulated, check_batched, check_cached, check_resume, relative_difference
 from aiayn.cli.main import main
 
@@ -20,6 +20,8 @@ def test_a_healthy_preset_passes_every_check(capsys: pytest.CaptureFixture[str])
     for name in ("cached == uncached", "batched == single", "accelerated == reference", "accumulated == one batch"):
         assert name in out
     assert "FAILED" not in out and ", 0 failed" in out
+    assert "in use to decode: MultiHeadAttention.attention_kernel=cpu_attention_kernel x2" in out
+    assert "LMHead.greedy_kernel=ScreenedGreedy x1" in out
 
 
 def test_a_divergent_accelerator_fails_its_rows_and_the_exit_code(monkeypatch: pytest.MonkeyPatch,
@@ -38,6 +40,7 @@ def test_a_divergent_accelerator_fails_its_rows_and_the_exit_code(monkeypatch: p
 def test_acceleration_off_skips_the_comparison(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--accel", "none", "--preset", "tiny", "--arch", "encoder", "--no-resume"]) == 0
     out = capsys.readouterr().out
+    assert "in use to train: the reference core" in out and "in use to decode: the reference core" in out
     assert "skipped: acceleration is off" in out and "skipped: an encoder has no cache" in out
 
 
@@ -57,14 +60,19 @@ def test_the_checks_catch_what_they_claim(monkeypatch: pytest.MonkeyPatch) -> No
     assert check_cached(lm).passed and check_batched(lm).passed and check_accumulated(lm).passed
     from aiayn.nn import cache as cache_module
 
-    real_append = cache_module.SelfAttnCache.append
+    real_append, real_step = cache_module.SelfAttnCache.append, cache_module.SelfAttnCache.append_step
 
     def forgetful(self, k, v):  # noqa: ANN001, ANN202 - keys and values of the step before are lost
         out_k, out_v = real_append(self, k, v)
         return out_k[:, :, -1:], out_v[:, :, -1:]
 
+    def forgetful_step(self, kv):  # noqa: ANN001, ANN202 - the same, for a one-position step
+        out_k, out_v = real_step(self, kv)
+        return out_k[:, :, -1:], out_v[:, :, -1:]
+
     with monkeypatch.context() as m:
         m.setattr(cache_module.SelfAttnCache, "append", forgetful)
+        m.setattr(cache_module.SelfAttnCache, "append_step", forgetful_step)
         assert not check_cached(lm).passed
     enc = build_model(ModelConfig.preset("tiny", arch="encoder", vocab_size=64))
     with monkeypatch.context() as m:  # padding keys attended: rows of a batch no longer equal rows alone

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn import ModelConfig, build_model
-from aiayn.accel import accelerate, substituted
+from aiayn.accel import accelerate, describe
 from aiayn.accel.cpu import gemm as cpu_gemm
 from aiayn.accel.cpu import native
 from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
@@ -159,7 +159,7 @@ def test_training_acceleration_uses_onednn_linears_only_where_it_is_the_backend(
     linears = [m for m in fast.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is PackedLinear for m in linears)
     assert not any(type(m) is PackedLinear for m in plain.modules())
-    assert not substituted(reference)  # the core alone builds plain layers
+    assert not describe(reference)  # the core alone builds plain layers
     for other in (plain, reference):
         assert fast.state_dict().keys() == other.state_dict().keys()
         assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), other.state_dict().values()))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from aiayn import ModelConfig, build_model
 from aiayn.accel import accelerate
 from aiayn.accel.cpu import decode_attention
-from aiayn.accel.cpu.modules import cpu_attention_kernel
+from aiayn.accel.cpu.functional import cpu_attention_kernel
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import generate, translate
 from aiayn.nn.attention import scaled_dot_product_attention

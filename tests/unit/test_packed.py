@@ -222,7 +222,6 @@ def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, mo
     """An accelerated model's FFN asks its packed first layer for the fused activation (relu, gelu) and leaves gated
     ones alone; the logits equal those of the reference model."""
     from aiayn.accel import accelerate
-    from aiayn.accel.cpu.modules import CPUFeedForward
     from aiayn.nn.feedforward import FeedForward
 
     cfg = ModelConfig.preset("tiny", arch="decoder", vocab_size=300, activation=activation)
@@ -233,7 +232,7 @@ def test_feed_forward_fuses_its_activation_only_where_it_can(activation: str, mo
         fast.load_state_dict(plain.state_dict())
         accelerate(fast, "decode", accel="auto")
         ffn = next(m for m in fast.modules() if isinstance(m, FeedForward))
-        assert type(ffn) is CPUFeedForward and type(ffn.w_in) is PackedLinear
+        assert type(ffn) is FeedForward and type(ffn.w_in) is PackedLinear  # the core module, a packed layer
         asked = []
         real_forward = PackedLinear.forward
 
@@ -350,32 +349,6 @@ def test_kept_choices_follow_every_change_between_blocks(monkeypatch) -> None:
         with packed.frozen_weights():
             fast(x)
     assert len(made) == len(changes) + 3
-
-
-def test_a_kept_plan_needs_no_example_input() -> None:
-    """``kept_plan`` asks for an example input only where it must choose (a decoding call's planning then makes no
-    tensor per layer); a kept choice comes back as the same function, in the same block and in a later one."""
-    from aiayn.accel.cpu import packed
-
-    fast = PackedLinear.from_linear(nn.Linear(64, 256))
-    shape, asked = torch.Size((160, 64)), []
-
-    def example() -> torch.Tensor:
-        asked.append(1)
-        return torch.randn(shape)
-
-    def refuse() -> torch.Tensor:
-        raise AssertionError("an example was made for a kept plan")
-
-    with packed.frozen_weights(), torch.inference_mode():
-        first = fast.kept_plan(shape, torch.float32, None, example)
-        assert fast.kept_plan(shape, torch.float32, None, refuse) is first
-    with packed.frozen_weights(), torch.inference_mode():
-        assert fast.kept_plan(shape, torch.float32, None, refuse) is first
-        x = torch.randn(shape)
-        torch.testing.assert_close(first(x), torch.nn.functional.linear(x, fast.weight, fast.bias), rtol=1e-5,
-                                   atol=1e-5)
-    assert asked == [1]
 
 
 @pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")

@@ -1,5 +1,5 @@
 """CPU training attention over few keys (:mod:`aiayn.accel.cpu.short_attention`): which calls take it (through the
-accelerator's attention kernel, :func:`aiayn.accel.cpu.modules.cpu_attention_kernel`), and that a whole accelerated
+accelerator's attention kernel, :func:`aiayn.accel.cpu.functional.cpu_attention_kernel`), and that a whole accelerated
 model trains the same through it as through torch's flash kernel and as the reference model."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from aiayn import ModelConfig, build_model
 from aiayn.accel import accelerate
 from aiayn.accel.cpu import short_attention
-from aiayn.accel.cpu.modules import cpu_attention_kernel
+from aiayn.accel.cpu.functional import cpu_attention_kernel
 from aiayn.nn import masks as M
 from aiayn.nn.attention import scaled_dot_product_attention as reference_sdpa
 

@@ -4,15 +4,14 @@
     accelerate(model, "train")                   # the trainer, before its first step
     accelerate(model, "decode")                  # load_pretrained / the CLI, before decoding
 
-:func:`accelerate` substitutes modules in place (same parameters, same ``state_dict``), so ``print(model)`` shows
-what was swapped. Each substitute declares what it supports (:func:`aiayn.accel.cpu.support.unsupported`) and runs
-the reference for everything else. One switch chooses: the ``accel`` argument, else the ``AIAYN_ACCEL`` environment
-variable, else ``"auto"``:
+:func:`accelerate` puts kernels into the core modules' named seams and packs linear layers, in place (same
+parameters, same ``state_dict``); the core's own code still runs every layer, stack and decoding step, and
+``print(model)`` and :func:`describe` name what is in use. One switch chooses: the ``accel`` argument, else the
+``AIAYN_ACCEL`` environment variable, else ``"auto"``:
 
 - ``"none"``: the reference core only;
-- ``"auto"``: the accelerator for the model's device: the CPU's (:mod:`aiayn.accel.cpu`), or on CUDA, for decoding,
-  a static KV cache and a decoding step compiled into CUDA graphs (:mod:`aiayn.accel.cuda`; CUDA training takes the
-  core's torch kernels, already its fast path).
+- ``"auto"``: the accelerator for the model's device: the CPU's (:mod:`aiayn.accel.cpu`); on CUDA the core's torch
+  kernels are already the fast path.
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
 
     Args:
         model: an aiayn model (:func:`aiayn.build_model`), on its final device and dtype.
-        purpose: "train" (substitutes what speeds up training steps and keeps their results up to float rounding) or
-            "decode" (also the weight layouts and fast steps of decoding; call it after the model is in eval mode).
-            On CUDA only "decode" substitutes anything (:func:`aiayn.accel.cuda.for_decoding`).
+        purpose: "train" (kernels that speed up training steps and keep their results up to float rounding) or
+            "decode" (also the weight layouts and choosers of decoding; call it after the model is in eval mode).
         accel: "none" or "auto" (see :func:`resolve`).
     """
     if purpose not in PURPOSES:
@@ -58,26 +56,35 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
     if resolve(accel) == "none":
         return model
     param = next(model.parameters(), None)
-    if param is not None and param.device.type == "cuda":
-        if purpose == "train":  # the core's torch kernels are training's fast path on CUDA
-            return model
-        from aiayn.accel import cuda
-
-        return cuda.for_decoding(model)
-    if param is None or param.device.type != "cpu":
+    if param is None or param.device.type != "cpu":  # CUDA: the core's torch kernels are its fast path
         return model
     from aiayn.accel import cpu
 
     return cpu.for_training(model) if purpose == "train" else cpu.for_decoding(model)
 
 
-def substituted(model: nn.Module) -> dict[str, int]:
-    """How many modules of each accelerator class ``model`` holds (empty for the reference)."""
+def describe(model: nn.Module) -> dict[str, int]:
+    """What of the accelerator runs in ``model``: the kernel in each seam (``"MultiHeadAttention.attention_kernel=
+    cpu_attention_kernel"``) and each accelerator module (``"PackedLinear"``), with how many modules have it; empty for
+    the reference core."""
     counts: dict[str, int] = {}
+
+    def count(key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
+
     for m in model.modules():
         if type(m).__module__.startswith("aiayn.accel."):
-            counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
+            count(type(m).__name__)
+        for seam in SEAMS.get(type(m).__name__, ()):
+            kernel = getattr(m, seam, None)
+            if kernel is not None:
+                count(f"{type(m).__name__}.{seam}={getattr(kernel, '__name__', type(kernel).__name__)}")
     return counts
+
+
+#: the kernel seams of the core, by module class name (attributes that are None in the reference)
+SEAMS = {"MultiHeadAttention": ("attention_kernel",),
+         "LMHead": ("loss_kernel", "greedy_kernel", "row_top_kernel")}
 
 
 def setup_process(accel: str | None = None) -> bool:

@@ -484,7 +484,7 @@ def _check(p: argparse.ArgumentParser) -> None:
     def run(args: argparse.Namespace) -> int:
         import torch
 
-        from aiayn.check import format_report, run_checks
+        from aiayn.check import format_report, kernels_in_use, run_checks
         from aiayn.config import ModelConfig
         from aiayn.models.build import build_model
         from aiayn.train.trainer import pick_device
@@ -503,6 +503,8 @@ def _check(p: argparse.ArgumentParser) -> None:
             model = build_model(config).to(device)
             what = f"preset {name} ({config.arch}, random weights)"
         print(f"aiayn check: {what} on {device}; accelerator: {os.environ.get('AIAYN_ACCEL', 'auto')}")
+        for purpose, used in kernels_in_use(model, os.environ.get("AIAYN_ACCEL")).items():
+            print(f"  in use to {purpose}: {used}")
         rows = run_checks(model, resume=not args.no_resume, accel_setting=os.environ.get("AIAYN_ACCEL"))
         print(format_report(rows))
         return 0 if all(r.passed for r in rows) else 1

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from aiayn.generate.choosers import row_top
 from aiayn.generate.common import Hypothesis, length_penalty
 from aiayn.generate.steppers import Stepper
-from aiayn.models.heads import reference_row_top
 
 
 class BeamHistory:
@@ -114,7 +114,7 @@ def beam_search(
     row_base, row_base_for = None, (0, 0)  # (Ba, 1) first cache row of each sentence, for (Ba, k)
     limit_steps = set(max_steps.tolist())  # one host sync up front instead of an (N, V) rewrite per step
     head = getattr(stepper, "head", None)
-    top = (head.row_top if head is not None else reference_row_top)(logits, banned_ids, 2 * K)
+    top = row_top(head, logits, banned_ids, 2 * K)
 
     for t in range(L):
         ba, k = alive_cum.shape

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
+from aiayn.generate.choosers import greedy_chooser
 from aiayn.generate.sampling import decode_loop, make_sampler
 from aiayn.generate.steppers import LMStepper, eval_mode
 from aiayn.models.decoder import DecoderModel
@@ -83,8 +84,8 @@ def generate(
     ids, is_token = left_pad(prompts, pad_id, device)
     banned_ids = () if pad_id in stop_ids else (pad_id,)
     greedy = greedy or temperature == 0
-    if greedy:  # the stepper returns hidden states; the output layer chooses from them (LMHead.greedy_chooser)
-        choose = model.lm_head.greedy_chooser(banned_ids)
+    if greedy:  # the stepper returns hidden states; the output layer chooses from them
+        choose = greedy_chooser(model.lm_head, banned_ids)
     else:
         generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
         choose = make_sampler(temperature, top_k, top_p, generator)

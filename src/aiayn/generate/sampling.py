@@ -18,7 +18,7 @@ from aiayn.generate.steppers import Stepper
 #: scores (N, V) -> chosen ids (N,). The scores are log-probs, or logits when the caller needs no log-probs
 #: (``decode_loop(..., with_logprob=False)``), so a chooser must not depend on a per-row shift of them. With
 #: ``with_logprob=False`` the stepper may also return hidden states (N, D) for a chooser that applies the output
-#: layer itself (:meth:`aiayn.models.heads.LMHead.greedy_chooser`).
+#: layer itself (:func:`aiayn.generate.choosers.greedy_chooser`).
 Chooser = Callable[[Tensor], Tensor]
 
 

@@ -28,7 +28,8 @@ from aiayn.models.seq2seq import EncoderDecoderModel
 
 class Stepper(Protocol):
     """What a search strategy needs from a model (see the module docstring). ``head`` is the model's output layer
-    where there is one model (it chooses beam search's candidates, :meth:`LMHead.row_top`), else None."""
+    where there is one model (its kernels choose beam search's candidates, :func:`aiayn.generate.choosers.row_top`),
+    else None."""
 
     head: LMHead | None
 
@@ -147,7 +148,7 @@ class LMStepper:
         prefix_lm: the prompt block is a bidirectional prefix (prefix-LM). With left padding every prompt
             ends at column P - 1, so a prefix of P columns (padding included, and masked) is each prompt.
         project: return logits (N, V). False returns the final hidden states (N, D) instead, for a chooser
-            that applies the output layer itself (:meth:`LMHead.greedy_chooser`).
+            that applies the output layer itself (:func:`aiayn.generate.choosers.greedy_chooser`).
     """
 
     def __init__(self, model: DecoderModel, ids: Tensor, is_token: Tensor, capacity: int,

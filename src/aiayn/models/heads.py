@@ -20,9 +20,15 @@ class LMHead(nn.Module):
     3.4), and the projection may have a bias (BART's ``final_logits_bias``). ``scale`` is 1 except for T5 v1.0, which
     multiplies by d_model^-0.5 before its tied output layer.
 
-    Besides the projection, the head owns what is computed from its logits: the training loss (:meth:`loss`) and the
-    choice of next tokens in decoding (:meth:`greedy_chooser`, :meth:`row_top`). They are methods so that an
-    accelerator can replace them with fused forms (it substitutes the head's class); these are the references.
+    Its kernel seams, None unless an accelerator sets them (``print(model)`` names those set):
+
+    - ``loss_kernel(h_scaled, weight, labels, label_smoothing)``: the training loss from hidden states, the output
+      projection fused in (:meth:`loss`);
+    - ``greedy_kernel(banned_ids)``: a chooser ``h (N, D) -> ids (N,)`` for greedy decoding
+      (:func:`aiayn.generate.choosers.greedy_chooser`);
+    - ``row_top_kernel(logits, banned_ids, n)``: beam search's chooser (:func:`aiayn.generate.choosers.row_top`).
+
+    Each may decline a call by returning None; the reference then runs.
     """
 
     def __init__(self, d_model: int, vocab_size: int, tied_to: nn.Embedding | None = None, *, bias: bool = False,
@@ -32,13 +38,17 @@ class LMHead(nn.Module):
         self.proj = nn.Linear(d_model, vocab_size, bias=bias)
         if tied_to is not None:
             self.proj.weight = tied_to.weight
+        self.loss_kernel: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+        self.greedy_kernel: Callable[[Sequence[int]], Callable[[Tensor], Tensor]] | None = None
+        self.row_top_kernel: Callable[[Tensor, Sequence[int], int], RowTop] | None = None
 
     def forward(self, h: Tensor) -> Tensor:
         """h (..., D) -> logits (..., V)."""
         return self.proj(h * self.scale if self.scale != 1.0 else h)
 
     def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
-        """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.train.losses.label_smoothed_nll`).
+        """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.train.losses.label_smoothed_nll`), or
+        the ``loss_kernel`` where one is set (it declines with None, e.g. for a biased output layer).
 
         Args:
             h: (..., D) hidden states.
@@ -47,51 +57,17 @@ class LMHead(nn.Module):
         Returns:
             summed loss, summed NLL (both scalars) and the number of counted targets.
         """
+        if self.loss_kernel is not None:
+            out = self.loss_kernel(h * self.scale if self.scale != 1.0 else h, self.proj, labels, label_smoothing)
+            if out is not None:
+                return out
         return label_smoothed_nll(self(h), labels, label_smoothing)
 
-    def greedy_chooser(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:
-        """A chooser for greedy decoding over hidden states: h (N, D) -> each row's most likely id (N,) long (the
-        first on ties), ``banned_ids`` never chosen."""
-        from aiayn.generate.common import next_scores  # local: aiayn.generate imports the models
-
-        banned = list(banned_ids)
-
-        def choose(h: Tensor) -> Tensor:
-            weight = getattr(self.proj, "weight", None)
-            if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
-                h = h.to(weight.dtype)  # the search hands over fp32 states; a bf16 model's go back exactly
-            return next_scores(self(h), banned).argmax(dim=-1)  # (N,)
-
-        return choose
-
-    def row_top(self, logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:
-        """Beam search's chooser: ``top(logits, eos_id)`` gives each row's ``min(n, V)`` best next tokens as
-        log-probabilities normalized over the whole vocabulary (banned ids included in the normalizer, excluded from
-        the choice), best first, and log p(``eos_id``) (N, 1) where ``eos_id`` is given.
-
-        Args:
-            logits: (N, V) an example of the logits it will get (vocabulary size, dtype, device).
-            banned_ids: ids never chosen.
-            n: how many per row.
-        """
-        return reference_row_top(logits, banned_ids, n)
-
-
-def reference_row_top(logits: Tensor, banned_ids: Sequence[int], n: int) -> RowTop:
-    """:meth:`LMHead.row_top` in plain torch: :func:`aiayn.generate.common.next_log_probs` and a ``topk`` per call."""
-    from aiayn.generate.common import next_log_probs  # local: aiayn.generate imports the models
-
-    n = min(n, logits.shape[-1])
-    banned = torch.tensor(list(banned_ids), dtype=torch.long, device=logits.device) if banned_ids else None
-
-    def top(logits: Tensor, eos_id: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        log_probs = next_log_probs(logits)  # (N, V) float32
-        if banned is not None:  # the index built once per search, not per step
-            log_probs.index_fill_(1, banned, float("-inf"))
-        top_lp, top_tok = log_probs.topk(n, dim=-1)  # (N, n) each, best first
-        return top_lp, top_tok, None if eos_id is None else log_probs[:, eos_id:eos_id + 1]
-
-    return top
+    def extra_repr(self) -> str:
+        set_ = [f"{name}={getattr(k, '__name__', type(k).__name__)}" for name, k in
+                (("loss_kernel", self.loss_kernel), ("greedy_kernel", self.greedy_kernel),
+                 ("row_top_kernel", self.row_top_kernel)) if k is not None]
+        return ", ".join([*([f"scale={self.scale:g}"] if self.scale != 1.0 else []), *set_])
 
 
 class MLMHead(nn.Module):

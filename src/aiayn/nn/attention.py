@@ -23,7 +23,8 @@ from aiayn.nn.rolling_cache import RollingAttnCache
 
 BACKENDS = ("auto", "reference", "sdpa", "tiled", "flex")
 
-#: (q, k, v, mask, bias, dropout_p, is_causal, scale) -> out: a fused attention kernel, see :func:`fused_attention`
+#: (q, k, v, mask, bias, dropout_p, is_causal, scale) -> out: a fused attention kernel, see :func:`fused_attention`;
+#: k and v come with their Hkv heads (H a multiple of Hkv: the kernel serves grouped queries)
 AttentionKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, float, bool, float], Tensor]
 
 
@@ -66,7 +67,8 @@ def scaled_dot_product_attention(
             to ``mask``; lets sdpa use its fast causal path when there is no other mask.
         scale: score scale, default 1/sqrt(Dh).
         kernel: the fused kernel for the "sdpa" backend (default :func:`fused_attention`); an accelerator passes
-            its own. It gets key/value heads already expanded to H and masks with no empty row.
+            its own (:attr:`MultiHeadAttention.attention_kernel`). It gets k and v with their Hkv heads and masks with
+            no empty row.
         softcap: ``cap * tanh(scores / cap)`` on the scaled, biased scores before masking (Gemma 2); None is off.
     Returns:
         out (B, H, T, Dh) and weights (B, H, T, S) or None.
@@ -87,7 +89,8 @@ def scaled_dot_product_attention(
         # cost a host sync per call on a GPU, and both ops are tiny next to the attention itself.
         empty_rows = ~mask.any(dim=-1, keepdim=True)
         mask = mask | empty_rows
-    k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
+    if backend != "sdpa" or kernel is None:  # an attention kernel takes grouped keys as they are
+        k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
 
     if backend == "reference":
         weights = _softmax_weights(q, k, mask, bias, scale, softcap, empty_rows)  # (B, H, T, S)
@@ -164,12 +167,13 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: 
     """torch's fused kernel, ``F.scaled_dot_product_attention``, with the bias and the mask as one additive mask.
 
     Args:
-        q, k, v: (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dh).
+        q, k, v: (B, H, T, Dh), (B, Hkv, S, Dh), (B, Hkv, S, Dh), H a multiple of Hkv.
         mask: bool broadcastable to (B, H, T, S), True = may attend, no row without an allowed key.
         bias: float additive bias broadcastable to (B, H, T, S).
     Returns:
         (B, H, T, Dh).
     """
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
     attn_mask: Tensor | None = mask
     if bias is not None:
         attn_mask = bias.to(q.dtype)
@@ -223,6 +227,9 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = head_dim or d_model // n_heads
         self.cross, self.dropout, self.scale = cross, dropout, scale
         self.backend = "auto"
+        #: the kernel seam of the "sdpa"/"auto" backend: None is torch's (:func:`fused_attention`); an accelerator
+        #: sets its own (an :data:`AttentionKernel`), which ``print(model)`` names
+        self.attention_kernel: AttentionKernel | None = None
         #: while set (aiayn.inspect.capture_attention), each forward pass calls recorder(weights, mask, bias) with its
         #: attention weights (B, H, T, S), recomputed by :func:`attention_weights` from the pass's own q and k
         self.recorder: Callable[[Tensor, Tensor | None, Tensor | None], None] | None = None
@@ -256,7 +263,12 @@ class MultiHeadAttention(nn.Module):
         training), backend and scale. Shapes as there: q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh)."""
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-            return_weights=return_weights, is_causal=is_causal, scale=self.scale, softcap=self.softcap)
+            return_weights=return_weights, is_causal=is_causal, scale=self.scale, softcap=self.softcap,
+            kernel=self.attention_kernel)
+
+    def extra_repr(self) -> str:
+        kernel = self.attention_kernel
+        return "" if kernel is None else f"attention_kernel={getattr(kernel, '__name__', type(kernel).__name__)}"
 
     def forward(
         self,
@@ -303,14 +315,20 @@ class MultiHeadAttention(nn.Module):
                 if isinstance(cache, CrossAttnCache):
                     cache.k, cache.v = k, v
         else:
-            q, k, v = self.qkv_proj(x).split([hq * dh, hkv * dh, hkv * dh], dim=-1)
-            q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            if rotary is not None:
-                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-            if isinstance(cache, (SelfAttnCache, RollingAttnCache)):
-                k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far (a rolling cache: the window)
+            qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
+            if (t == 1 and rotary is None and self.q_norm is None and isinstance(cache, SelfAttnCache)
+                    and cache.store.data is not None):  # a decoding step: keys and values into the cache in one copy
+                q = self._heads(qkv[..., :hq * dh], hq)
+                k, v = cache.append_step(qkv[:, 0, hq * dh:])  # (B, Hkv, S, Dh): everything cached so far
+            else:
+                q, k, v = qkv.split([hq * dh, hkv * dh, hkv * dh], dim=-1)
+                q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
+                if self.q_norm is not None:
+                    q, k = self.q_norm(q), self.k_norm(k)
+                if rotary is not None:
+                    q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+                if isinstance(cache, (SelfAttnCache, RollingAttnCache)):
+                    k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far (a rolling cache: the window)
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
             q = fold_queries(q, group)

@@ -25,22 +25,13 @@ class KVStore:
     rows are reordered at a constant batch size (beam search), the spare doubles the cache's memory; a reorder that
     changes the batch size keeps no spare. The buffer is made on the first append (its shape, dtype and device come
     from the keys) and doubles its capacity when a layer outgrows it.
-
-    **Deferred reorders.** With ``lazy`` set (by a decoding step that reads the cache through
-    :func:`aiayn.accel.cpu.native.few_query_attention`), :meth:`reorder` copies nothing: it keeps ``rows``
-    (capacity, B'), the buffer row that holds each batch row's keys at each position, and new positions are written
-    at their own row.
-    Whoever asks for the keys and values as views (:meth:`SelfAttnCache.append` and friends) gets them reordered
-    first (:meth:`settle`: the same one ``index_select``), so every other reader sees an ordinary cache.
     """
 
     def __init__(self, n_layers: int, capacity: int) -> None:
         self.n_layers, self.capacity = n_layers, capacity
-        self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh); B >= the batch while reorders are deferred
+        self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
         self._spare: Tensor | None = None  # reorder target, same shape as data
         self.filled = 0  # positions written by at least one layer
-        self.lazy = False  # defer reorders (see the class docstring)
-        self.rows: Tensor | None = None  # (capacity, batch) long: deferred reorders' buffer rows; None: row j is j
 
     def claim(self, end: int, like: Tensor | None = None) -> Tensor:
         """The buffer, holding positions up to ``end`` (its capacity doubled if needed), which count as filled.
@@ -62,50 +53,24 @@ class KVStore:
             grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
             grown[:self.filled] = data[:self.filled]
             data, self.data, self._spare = grown, grown, None
-            if self.rows is not None:
-                self.rows = self._row_table(grown.shape[0], self.rows[:self.filled])
         self.filled = max(self.filled, end)
         return data
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams, in every layer: deferred (``lazy``, a batch
-        that does not grow) or now, copying only the filled positions (:meth:`_gather`)."""
-        data = self.data
+        """Keep batch rows ``index`` (B',) long, e.g. the surviving beams, in every layer: one ``index_select`` of
+        rows of the flattened (capacity * B, L * 2 * Hkv * Dh) buffer's filled positions (a dim-0 select, which torch
+        parallelizes and copies row by row) into the spare buffer, which then becomes the store."""
+        data, n = self.data, self.filled
         if data is None:
             return
-        n = self.filled
-        rows = index if self.rows is None else self.rows[:n].index_select(1, index)  # (B',) or (n, B')
-        if self.lazy and index.shape[0] <= data.shape[1]:
-            self.rows = self._row_table(data.shape[0], rows.expand(n, -1))
-        else:
-            self._gather(rows)
-
-    def settle(self) -> None:
-        """Carry out the deferred reorders (one ``index_select`` of the filled positions), if any."""
-        if self.rows is not None and self.data is not None:
-            self._gather(self.rows[:self.filled])
-
-    def _gather(self, rows: Tensor) -> None:
-        """Make the store hold buffer rows ``rows`` (B',) long, or (filled, B') per position, as its batch rows: one
-        ``index_select`` of rows of the flattened (capacity * B, L * 2 * Hkv * Dh) buffer (a dim-0 select, which
-        torch parallelizes and copies row by row) into the spare buffer, which then becomes the store."""
-        data, n = self.data, self.filled
-        b, b_new = data.shape[1], rows.shape[-1]
+        b, b_new = data.shape[1], index.shape[0]
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
         new, width = self._spare, math.prod(data.shape[2:])
-        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(rows, n, b),
+        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(index, n, b),
                            out=new.view(-1, width)[:n * b_new])
-        self.data, self.rows = new, None
+        self.data = new
         self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
-
-    def _row_table(self, capacity: int, filled: Tensor) -> Tensor:
-        """A (capacity, B') table of buffer rows: ``filled`` (n, B') long at the filled positions, and row j for batch
-        row j at the positions to come (a new position is written at its own row)."""
-        n, b = filled.shape
-        table = torch.arange(b, device=filled.device).expand(capacity, b).clone()
-        table[:n] = filled
-        return table
 
 
 class SelfAttnCache:
@@ -122,22 +87,19 @@ class SelfAttnCache:
 
     @property
     def k(self) -> Tensor | None:
-        """This layer's key buffer (capacity, B, Hkv, Dh), deferred reorders settled; None before the first append."""
-        self.store.settle()
+        """This layer's key buffer (capacity, B, Hkv, Dh); None before the first append."""
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 0]
 
     @property
     def v(self) -> Tensor | None:
-        """This layer's value buffer (capacity, B, Hkv, Dh), deferred reorders settled; None before the first append."""
-        self.store.settle()
+        """This layer's value buffer (capacity, B, Hkv, Dh); None before the first append."""
         data = self.store.data
         return None if data is None else data[:, :, self.layer, 1]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
         end = self.length + k.shape[2]
-        self.store.settle()
         data = self.store.claim(end, like=k)
         slot = data[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
         slot[:, :, 0] = k.permute(2, 0, 1, 3)
@@ -149,26 +111,15 @@ class SelfAttnCache:
         """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) laid out as a fused QKV projection gives
         them (all key heads, then all value heads); return all cached so far, (B, Hkv, length, Dh) views.
 
-        The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in two dispatched ops fewer per view
-        (a decoding step's hot path: :mod:`aiayn.accel.cpu.fast_step`), after the first :meth:`append`.
+        The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in one copy (a decoding step's hot
+        path), after the first :meth:`append`.
         """
-        self.write_step(kv)
-        self.store.settle()
-        return self._views(self.store.data, self.length)
-
-    def write_step(self, kv: Tensor) -> None:
-        """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) as in :meth:`append_step`, without reading
-        the cache back (deferred reorders stay deferred: batch row j's new position goes to buffer row j)."""
         end = self.length + 1
         data = self.store.claim(end)
         s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
         data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
         self.length = end
-
-    def buffer_views(self) -> tuple[Tensor, Tensor]:
-        """This layer's keys and values at the filled positions as (B_buffer, Hkv, length, Dh) views of the buffer as
-        it is, deferred reorders not carried out: read them through ``store.rows`` (or directly when it is None)."""
-        return self._views(self.store.data, self.length)
+        return self._views(data, end)
 
     def _views(self, data: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """This layer's keys and values at positions [:n], as (B, Hkv, n, Dh) views of ``data``."""

@@ -50,12 +50,21 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gated = activation in ("swiglu", "geglu")
         self.activation, self.act = activation, activation_fn(activation, gelu_approximate)
+        #: the activation by name where a product can apply it itself (ReLU, exact GELU; not a gated network)
+        self.fusable = activation if activation == "relu" or (activation == "gelu" and gelu_approximate == "none") \
+            else None
         self.w_in = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, D) -> (B, T, D)."""
+        """x (B, T, D) -> (B, T, D).
+
+        Where ``w_in`` lists this activation in its ``fused_activations`` (a kernel seam: an accelerator's packed
+        linear layer), the product applies it in the same call.
+        """
+        if self.fusable is not None and self.fusable in getattr(self.w_in, "fused_activations", ()):
+            return self.w_out(self.dropout(self.w_in(x, activation=self.fusable)))
         h = self.w_in(x)  # (B, T, d_ff), or (B, T, 2*d_ff) gated
         if self.gated:
             gate, up = h.chunk(2, dim=-1)

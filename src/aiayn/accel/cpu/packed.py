@@ -137,6 +137,8 @@ class PackedLinear(nn.Linear):
     #: made for a decoding step's few rows alone (:func:`use_fast_cpu_linears` with ``decoding`` where oneDNN is not
     #: the fp32 backend): the native few-row kernel up to ``native.MAX_LINEAR_ROWS`` rows, else as ``nn.Linear``
     few_rows_only = False
+    #: what :meth:`forward` applies in the product itself (the core's feed-forward seam reads it)
+    fused_activations = frozenset(FUSED_ACTIVATIONS)
     _COPIES = ("packed", "halves", "panels")  # the weight-derived copies a PackedLinear keeps (see _derived)
 
     @classmethod
@@ -205,21 +207,15 @@ class PackedLinear(nn.Linear):
         """:meth:`plan` for inputs of ``x``'s shape and dtype, chosen once per :func:`frozen_weights` block (call it
         inside one), and kept for later blocks while nothing it depends on changed (:meth:`_plan_stamp`): a
         ``translate`` or ``generate`` call then chooses no product again."""
-        return self.kept_plan(x.shape, x.dtype, activation, lambda: x)
-
-    def kept_plan(self, shape: torch.Size, dtype: torch.dtype, activation: str | None,
-                  example: Callable[[], Tensor]) -> Callable[[Tensor], Tensor]:
-        """:meth:`frozen_plan` for inputs of ``shape`` and ``dtype``; ``example()`` gives one (a CPU tensor of that
-        shape and dtype) only where no kept plan serves."""
         epoch, plans = _frozen.epoch, self._plans
         if plans is None or plans[0] != epoch:  # a new block: keep the choices if nothing changed since
             stamp = self._plan_stamp()
             kept = plans is not None and stamp is not None and plans[1] == stamp
             plans = self._plans = (epoch, stamp, plans[2] if kept else {})
-        key = (shape, dtype, activation)
+        key = (x.shape, x.dtype, activation)
         plan = plans[2].get(key)
         if plan is None:
-            plan = plans[2][key] = self.plan(example(), activation)
+            plan = plans[2][key] = self.plan(x, activation)
         return plan
 
     def _plan_stamp(self) -> tuple | None:
@@ -238,8 +234,7 @@ class PackedLinear(nn.Linear):
     def plan(self, x: Tensor, activation: str | None = None) -> Callable[[Tensor], Tensor]:
         """The product :meth:`forward` takes for ``x`` now, as a function of inputs of its shape and dtype: x (...,
         in_features) -> (..., out_features), with ``activation`` applied. Valid while the weight, autograd and
-        autocast stay as they are (inside a :func:`frozen_weights` block, as :mod:`aiayn.accel.cpu.fast_step` keeps
-        it)."""
+        autocast stay as they are (inside a :func:`frozen_weights` block)."""
         w, b = self.weight, self.bias
         if not (x.dtype == w.dtype and x.device.type == "cpu" and w.device.type == "cpu"
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
@@ -430,7 +425,7 @@ def use_fast_cpu_linears(model: nn.Module, decoding: bool = False) -> nn.Module:
     multiply-adds per call up and aiayn's native few-row kernel at a decoding step's rows. Elsewhere (Intel CPUs,
     builds without oneDNN) a no-op, unless ``decoding``: then every fp32 ``nn.Linear`` becomes a ``few_rows_only``
     PackedLinear, so that a decoding step's few-row products take the native kernel (and
-    :mod:`aiayn.accel.cpu.native_step` its layers) while larger ones keep ``F.linear``.
+    while larger ones keep ``F.linear``.
     Idempotent; parameters, ties and ``state_dict`` are unchanged, and the layers still work on any device and dtype
     (they fall back to ``F.linear``). :func:`aiayn.accel.cpu.for_training` calls it, and
     :func:`aiayn.accel.cpu.layout.cpu_inference_layout` with ``decoding``.

@@ -20,8 +20,7 @@ What changes for users, and what the tests check:
 up to ``aiayn.accel.cpu.native.MAX_LINEAR_ROWS`` fp32 rows (a beam-4 step at batch 1, a greedy step of up to 4
 prompts), where a product is bound by reading its weight, it multiplies the same int8 weight by the unrounded fp32
 rows through ``aiayn.accel.cpu.native.int8_rows_linear`` (weight-only: the values widen to fp32 exactly and the sums
-are fp32, so no activation scale rounds the rows), and a decoding step's layers can then run as native calls
-(:mod:`aiayn.accel.cpu.native_step`) as the fp32 model's do. torch's kernel rounds every row of a call to 8 bits
+are fp32, so no activation scale rounds the rows). torch's kernel rounds every row of a call to 8 bits
 with one scale per call, which makes a step's rows depend on each other; this path keeps them independent, so it is
 closer to the fp32 model, and a sentence decoded alone at batch 1 does not change with the other beams' values.
 Many rows (an encoder's tokens, a batched beam search) keep torch's int8 kernel, which is faster there.
@@ -36,7 +35,7 @@ from copy import deepcopy as copy_module
 import torch
 from torch import nn
 
-from aiayn.accel.cpu.packed import unpack_output_layers
+from aiayn.accel.cpu.packed import ACTIVATION_FNS, unpack_output_layers
 from aiayn.errors import AiaynError
 
 
@@ -92,11 +91,18 @@ class Int8Linear(_DynamicLinear):
         state.pop("_aiayn_rows", None)
         return state
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> (..., out): the native kernel at up to ``native.MAX_LINEAR_ROWS`` fp32 rows where it is
-        built, torch's int8 kernel otherwise."""
-        plan = self.rows_plan(x.shape, x.dtype)
-        return super().forward(x) if plan is None else plan(x)
+    #: what :meth:`forward` applies to its result itself (the core's feed-forward seam reads it)
+    fused_activations = frozenset({"relu", "gelu"})
+
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        """x (..., in) -> (..., out), ``activation`` ("relu" or "gelu") applied: the native kernel at up to
+        ``native.MAX_LINEAR_ROWS`` fp32 rows where it is built (the activation fused), torch's int8 kernel
+        otherwise."""
+        plan = self.rows_plan(x.shape, x.dtype, activation)
+        if plan is not None:
+            return plan(x)
+        y = super().forward(x)
+        return y if activation is None else ACTIVATION_FNS[activation](y)
 
     def rows_plan(self, shape: torch.Size, dtype: torch.dtype,
                   activation: str | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:

@@ -17,17 +17,13 @@ class Settings:
     """Attributes:
         native: use the compiled kernels (:mod:`aiayn.accel.cpu.native`) where they can be built.
         fp32_gemm: fp32 product library, "auto" (per CPU vendor), "onednn" or "torch" (:mod:`aiayn.accel.cpu.gemm`).
-        fast_decode_step: run decoding steps as a flat program (:mod:`aiayn.accel.cpu.fast_step`).
-        native_layers: run a decoding step's layers as native calls (:mod:`aiayn.accel.cpu.native_step`).
         screened_argmax: screen the output layer in greedy search (:mod:`aiayn.accel.cpu.screened_argmax`).
-        decode_attention: a decoding step's attention kernel, "auto" (by shape), "flash" or "matmul"
-            (:mod:`aiayn.accel.cpu.decode_attention`).
+        decode_attention: a decoding step's attention kernel, "auto" (the native kernel where it is built, else by
+            shape), "flash" or "matmul" (:mod:`aiayn.accel.cpu.decode_attention`).
     """
 
     native: bool = True
     fp32_gemm: str = "auto"
-    fast_decode_step: bool = True
-    native_layers: bool = True
     screened_argmax: bool = True
     decode_attention: str = "auto"
 

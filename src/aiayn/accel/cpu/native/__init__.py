@@ -1,5 +1,5 @@
-"""Native CPU kernels for decoding and the loss's softmax, compiled on first use from ``kernels.c`` and
-``decoder_layer.c``, called through ``ctypes``.
+"""Native CPU kernels for decoding and the loss's softmax, compiled on first use from ``kernels.c``, called through
+``ctypes``.
 
 These jobs cost more through PyTorch's kernels than the memory they touch, because each op reads the same data
 again or costs more in dispatch than in arithmetic (measured: docs/performance.md):
@@ -9,18 +9,14 @@ again or costs more in dispatch than in arithmetic (measured: docs/performance.m
 - training's loss gradient, the softmax of a chunk of logits: ``log_softmax`` then ``exp_`` write and read a second
   (N, V) tensor with two exps per entry; :func:`softmax_lse_` turns the logits into their softmax in place, one exp
   per entry, each row in the caches after its first pass (:mod:`aiayn.accel.cpu.fused_loss`);
-- one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, and can read
-  them through a table of cache rows, so that beam search's reordering need not copy the cache
-  (:class:`~aiayn.nn.cache.KVStore`);
+- one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, grouped query
+  heads included (the attention kernel seam, :func:`aiayn.accel.cpu.functional.cpu_attention_kernel`);
 - a linear layer at a decoding step's few rows: :func:`rows_linear` streams the (column-major) weight once, each
   thread its own contiguous band of it, where oneDNN's and MKL's kernels read it at a lower rate
   (:meth:`aiayn.accel.cpu.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows);
 - a linear layer at many rows (batched beam search's batch x beams, an encoder's tokens) on CPUs with AVX2 but not
   AVX-512: :func:`panel_linear` multiplies by a copy of the weight packed once into panels, blocked for the caches
-  with a 6 x 16 register block, where oneDNN's fp32 kernels are slower (:func:`panel_linear_preferred`);
-- a whole decoder layer's step at once (``decoder_layer.c``, :mod:`aiayn.accel.cpu.native_step`): the products and
-  attention above, chained with the norms, residual sums and the cache write in C, so that a batched decoding step
-  spends no Python, dispatched op or fresh tensor between them.
+  with a 6 x 16 register block, where oneDNN's fp32 kernels are slower (:func:`panel_linear_preferred`).
 
 Each kernel has a plain-PyTorch reference here (``*_reference``); tests hold the two equal. The library is built
 with the C compiler ``$CC`` (default ``cc``) with ``-O3 -march=native`` and OpenMP, linked against the OpenMP runtime
@@ -44,7 +40,6 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -52,7 +47,7 @@ from torch import Tensor
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.nn.attention import scaled_dot_product_attention
 
-SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("decoder_layer.c"))  # one library
+SOURCES = (Path(__file__).with_name("kernels.c"),)
 HEADERS = (Path(__file__).with_name("kernels.h"),)  # what the sources share
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
@@ -65,10 +60,8 @@ _SIGNATURES = {
     "aiayn_int8_rows_linear": [_P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I],
     "aiayn_pack_panels": [_P, _I, _I, _I, _I, _P, _I],
     "aiayn_panel_linear": [_P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _I],
-    "aiayn_decoder_layer_step": [_P, _P, _P],
 }
-_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_block_rows": [],  # functions returning an int64
-                "aiayn_decoder_layer_scratch": [_P, _I]}
+_INT_RESULTS = {"aiayn_panel_width": [], "aiayn_panel_block_rows": []}  # functions returning an int64
 #: the most rows (batch x beams) :func:`rows_linear` serves in a decoding step: up to here the product is bound by
 #: reading the weight, which it streams faster than the oneDNN / MKL products (measured: docs/performance.md)
 MAX_LINEAR_ROWS = 4
@@ -226,34 +219,28 @@ def softmax_lse_(x: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------------- attention
 
-def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
-                                  rows: Tensor | None = None) -> Tensor:
+def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """A decoding step's attention in PyTorch (the reference backend of the one attention core): what
     :func:`few_query_attention` computes.
 
     Args:
         q: (B, H, T, Dh).
-        k, v: (Bc, Hkv, S, Dh) with H a multiple of Hkv; Bc = B without ``rows``.
-        mask: (B, S) bool, True = may attend, or None.
+        k, v: (B, Hkv, S, Dh) with H a multiple of Hkv.
+        mask: (B|1, S) bool, True = may attend, or None.
         scale: the score scale.
-        rows: (S', B) long, S' >= S: block b's position s is in cache row ``rows[s, b]``; None: row b.
     Returns:
         (B, H, T, Dh); a query with no allowed key gives zeros.
     """
-    if rows is not None:  # gather each block's keys and values position by position
-        pos = torch.arange(k.shape[2])
-        k = k[rows[:len(pos)].T, :, pos].permute(0, 2, 1, 3)  # (B, S, Hkv, Dh) -> (B, Hkv, S, Dh)
-        v = v[rows[:len(pos)].T, :, pos].permute(0, 2, 1, 3)
     mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
     return scaled_dot_product_attention(q, k, v, mask=mask, backend="reference", scale=scale)[0]
 
 
 def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
-                        rows: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+                        out: Tensor | None = None) -> Tensor:
     """:func:`few_query_attention_reference` by the native kernel: each key and value read once.
 
-    ``k`` and ``v`` must have the same strides, and every tensor a contiguous last dimension; ``mask`` (B, S) bool
-    (any strides); ``rows`` (S', B) long with a contiguous last dimension. ``out``: (B, H, T, Dh) to write into
+    ``k`` and ``v`` must have the same strides, and every tensor a contiguous last dimension; ``mask`` (B|1, S) bool
+    (any strides). ``out``: (B, H, T, Dh) to write into
     (any strides, last dimension contiguous), else a new contiguous tensor. Call only where :func:`library` is not
     None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`).
     """
@@ -269,10 +256,9 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
     else:
         mask = mask.expand(B, S)
         m_ptr, m_sb, m_ss = mask.data_ptr(), mask.stride(0), mask.stride(1)
-    r_ptr, r_ss = (0, 0) if rows is None else (rows.data_ptr(), rows.stride(0))
     library().aiayn_few_query_attention(
         q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1),
-        k.stride(2), r_ptr, r_ss, m_ptr, m_sb, m_ss, out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
+        k.stride(2), 0, 0, m_ptr, m_sb, m_ss, out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
         B, H, Hkv, T, S, D, scale, torch.get_num_threads())
     return out
 
@@ -280,24 +266,6 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
 # ---------------------------------------------------------------------------------------------------- linear
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # what rows_linear applies to its result, by name: the kernel's code
-PANEL_KIND, ROWS_KIND, INT8_ROWS_KIND = 1, 2, 3  # NativeProduct.kind: panel_linear's, rows_linear's, int8_rows_linear's
-
-
-class NativeProduct(NamedTuple):
-    """A planned product as native code calls it (``decoder_layer.c``'s ``aiayn_product``): ``kind`` PANEL_KIND (``w``
-    the address of :func:`pack_panels`' copy) or ROWS_KIND (``w`` that of the (K, N) transposed weight, row stride
-    ``w_sk``) or INT8_ROWS_KIND (``w`` that of the (N, K) int8 weight, row stride ``w_sk``, and ``scales`` that of
-    its (N,) scales), ``bias`` an address or 0, (``n``, ``k``) the weight's shape, ``act`` an ACTIVATIONS code. The
-    plan function that carries it (``plan.native_product``) holds the tensors behind the addresses."""
-
-    kind: int
-    w: int
-    w_sk: int
-    bias: int
-    n: int
-    k: int
-    act: int
-    scales: int = 0
 
 
 def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
@@ -357,7 +325,6 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
         return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
-    run.native_product = NativeProduct(ROWS_KIND, w_ptr, w_sk, b_ptr, N, K, act)  # type: ignore[attr-defined]
     return run
 
 
@@ -417,7 +384,6 @@ def int8_rows_linear_plan(q: Tensor, scales: Tensor, bias: Tensor | None = None,
         return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
-    run.native_product = NativeProduct(INT8_ROWS_KIND, q_ptr, q_sn, b_ptr, N, K, act, s_ptr)  # type: ignore[attr-defined]
     return run
 
 
@@ -536,7 +502,6 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]
-    run.native_product = NativeProduct(PANEL_KIND, p_ptr, 0, b_ptr, n, k, act)  # type: ignore[attr-defined]
     return run
 
 
