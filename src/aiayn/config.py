@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
+from aiayn.validation import Problems, Rule, above, at_least, choice, dataclass_types, within
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("relu", "gelu", "silu", "swiglu", "geglu")
@@ -33,49 +34,30 @@ POOLINGS = ("cls", "mean")
 INPUTS = ("tokens", "patches")
 
 
-def type_problem(value: Any, annotation: str) -> str | None:
-    """Why ``value`` does not fit a dataclass field's ``annotation`` (``"int"``, ``"float | None"``, ``"bool"``,
-    ``"str"``, ``"tuple[float, float]"``), or None when it does. An int is fine for a float; a bool is never a
-    number."""
-    kinds = [k.strip() for k in annotation.split("|")]
-    if value is None:
-        return None if "None" in kinds else "must be set (null is not allowed here)"
-    for kind in kinds:
-        if kind == "bool" and isinstance(value, bool):
-            return None
-        if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-            return None
-        if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return None
-        if kind == "str" and isinstance(value, str):
-            return None
-        if kind.startswith("tuple[") and isinstance(value, (list, tuple)):
-            inner = [k.strip() for k in kind[len("tuple["):-1].split(",")]
-            if len(value) == len(inner) and all(type_problem(v, k) is None for v, k in zip(value, inner)):
-                return None
-    words = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}
-    wanted = [words.get(k, f"a list of {len(k.split(','))} numbers" if k.startswith("tuple[") else k)
-              for k in kinds if k != "None"]
-    return "must be " + " or ".join(wanted) + (", or null (left out)" if "None" in kinds else "")
-
-
-def type_problems(config: Any) -> list[str]:
-    """``key=value: must be ...`` for every field of a dataclass instance whose value has the wrong type."""
-    out = []
-    for f in fields(config):
-        value = vars(config)[f.name]  # the stored value (a derived property may share the field's name)
-        problem = type_problem(value, str(f.type))
-        if problem is not None:
-            example = "" if f.default in (dataclasses.MISSING, None) else f", e.g. {f.name} = {json.dumps(f.default)}"
-            out.append(f"{f.name}={value!r}: {problem}{example}")
-    return out
-
-
-def unknown_key(key: str, value: Any, known: Any) -> str:
-    """``key=value: unknown key; did you mean ...`` (or the valid keys when none is close)."""
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(known))}"
-    return f"{key}={value!r}: unknown key; {hint}"
+#: each field's own rule (its type comes from its annotation); ModelConfig.problems adds the checks across fields
+_RULES: dict[str, Rule] = {
+    **{name: choice(options) for name, options in (
+        ("arch", ARCHS), ("activation", ACTIVATIONS), ("ffn", FFNS), ("gelu_approximate", GELU_APPROXIMATIONS),
+        ("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
+        ("sinusoidal_layout", SINUSOIDAL_LAYOUTS), ("rope_scaling", ROPE_SCALINGS), ("init", INITS),
+        ("attention_backend", ATTENTION_BACKENDS), ("attention", ATTENTIONS), ("attention_mask", ATTENTION_MASKS),
+        ("pooling", POOLINGS), ("input", INPUTS))},
+    **dict.fromkeys(("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "t5_num_buckets",
+                     "t5_max_distance", "sparse_block", "sparse_local_blocks", "local_window", "image_size",
+                     "patch_size", "channels"), at_least(1, whole=True)),
+    **dict.fromkeys(("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
+                     "n_token_labels", "rope_original_max_len", "n_token_types", "sparse_stride"),
+                    at_least(1, whole=True, unset="null (left out)")),
+    "head_dim": at_least(1, whole=True, unset="null (d_model / n_heads)"),
+    **dict.fromkeys(("dropout", "attn_dropout", "ffn_dropout"), within(0, 1)),
+    "n_experts": at_least(1, whole=True, note=", e.g. 8"),
+    "moe_capacity_factor": above(0, note=" (e.g. 1.25)", unset="null (dropless)"),
+    **dict.fromkeys(("moe_aux_loss_weight", "moe_z_loss_weight"), at_least(0, note=" (0 turns the loss off)")),
+    "norm_eps": above(0, note=", e.g. 1e-5"),
+    "rope_theta": above(0, note=", e.g. 10000.0"),
+    **dict.fromkeys(("position_offset", "global_tokens"), at_least(0, whole=True)),
+    "attn_logit_softcap": above(0, note=" (Gemma 2 uses 50.0)", unset="null (off)"),
+}
 
 
 @dataclass
@@ -259,166 +241,103 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ validation
     def problems(self) -> list[str]:
-        """Every problem with this config, each as ``key=value: problem; fix`` (empty when valid)."""
-        p = type_problems(self)
-        typed = {m.split("=", 1)[0] for m in p}  # keys whose value has the wrong type: no further rules
+        """Every problem with this config, each as ``key=value: problem; fix`` (empty when valid): types from the
+        annotations, each field's own rule (:data:`_RULES`), then the checks across fields."""
+        p = Problems(vars(self))  # the stored values (a derived property may share a field's name)
+        p.check_types(*dataclass_types(self))
+        p.check_all(_RULES)
+        self._shape_problems(p)
+        self._attention_problems(p)
+        self._image_problems(p)
+        if p.ok("pad_id") and (self.pad_id < 0 or (p.ok("vocab_size") and self.pad_id >= max(self.vocab_size, 1))):
+            p.add("pad_id", f"must be a valid token id below vocab_size={self.vocab_size}")
+        return p.lines
 
-        def ok(*names: str) -> bool:
-            return not typed.intersection(names)
-
-        def choice(name: str, options: tuple[str, ...]) -> None:
-            value = getattr(self, name)
-            if ok(name) and value not in options:
-                p.append(f"{name}={value!r}: unknown; choose one of {', '.join(options)}")
-
-        choice("arch", ARCHS)
-        choice("activation", ACTIVATIONS)
-        choice("ffn", FFNS)
-        choice("gelu_approximate", GELU_APPROXIMATIONS)
-        choice("norm", NORMS)
-        choice("norm_position", NORM_POSITIONS)
-        choice("position", POSITIONS)
-        choice("sinusoidal_layout", SINUSOIDAL_LAYOUTS)
-        choice("rope_scaling", ROPE_SCALINGS)
-        choice("init", INITS)
-        choice("attention_backend", ATTENTION_BACKENDS)
-        choice("attention", ATTENTIONS)
-        choice("attention_mask", ATTENTION_MASKS)
-        choice("pooling", POOLINGS)
-        choice("input", INPUTS)
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "t5_num_buckets",
-                     "t5_max_distance", "sparse_block", "sparse_local_blocks", "local_window"):
-            if ok(name) and getattr(self, name) < 1:
-                p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
-        for name in ("tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "sliding_window", "n_classes",
-                     "n_token_labels", "rope_original_max_len", "n_token_types", "sparse_stride"):
-            v = getattr(self, name)
-            if ok(name) and v is not None and v < 1:
-                p.append(f"{name}={v!r}: must be a whole number >= 1, or null (left out)")
+    def _shape_problems(self, p: Problems) -> None:
+        """The checks across the fields of widths, heads, positions, norms and the output layer."""
         explicit_head_dim = vars(self)["head_dim"]
-        if ok("head_dim") and explicit_head_dim is not None and explicit_head_dim < 1:
-            p.append(f"head_dim={explicit_head_dim!r}: must be a whole number >= 1, or null (d_model / n_heads)")
-        if ok("d_model", "n_heads", "n_kv_heads", "head_dim") and self.d_model >= 1 and self.n_heads >= 1:
+        if p.ok("d_model", "n_heads", "n_kv_heads", "head_dim") and self.d_model >= 1 and self.n_heads >= 1:
             if explicit_head_dim is None and self.d_model % self.n_heads:
-                p.append(f"d_model={self.d_model}: not divisible by n_heads={self.n_heads}; pick n_heads that "
-                         "divides d_model")
+                p.add("d_model", f"not divisible by n_heads={self.n_heads}; pick n_heads that divides d_model")
             elif self.position == "rope" and self.head_dim >= 1 and self.head_dim % 2:
                 got = "d_model/n_heads" if explicit_head_dim is None else "head_dim"
-                p.append(f"position='rope': needs an even head width, got {got}={self.head_dim}; "
-                         "change d_model or n_heads, or set an even head_dim")
+                p.add("position", f"needs an even head width, got {got}={self.head_dim}; change d_model or n_heads, "
+                                  "or set an even head_dim")
             if self.n_kv_heads and self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads:
-                p.append(f"n_kv_heads={self.n_kv_heads}: n_heads={self.n_heads} is not divisible by it; pick a "
-                         "divisor of n_heads")
-        for name in ("dropout", "attn_dropout", "ffn_dropout"):
-            if ok(name) and not 0.0 <= getattr(self, name) < 1.0:
-                p.append(f"{name}={getattr(self, name)}: must be in [0, 1)")
-        if ok("n_experts") and self.n_experts < 1:
-            p.append(f"n_experts={self.n_experts}: must be a whole number >= 1, e.g. 8")
-        if ok("moe_top_k", "n_experts") and not 1 <= self.moe_top_k <= max(self.n_experts, 1):
-            p.append(f"moe_top_k={self.moe_top_k}: must be between 1 and n_experts={self.n_experts} (1: Switch, "
-                     "2: Mixtral)")
-        if ok("moe_capacity_factor") and self.moe_capacity_factor is not None and self.moe_capacity_factor <= 0:
-            p.append(f"moe_capacity_factor={self.moe_capacity_factor}: must be > 0 (e.g. 1.25), or null (dropless)")
-        for name in ("moe_aux_loss_weight", "moe_z_loss_weight"):
-            if ok(name) and getattr(self, name) < 0:
-                p.append(f"{name}={getattr(self, name)}: must be >= 0 (0 turns the loss off)")
-        if ok("norm_eps") and self.norm_eps <= 0:
-            p.append(f"norm_eps={self.norm_eps}: must be > 0, e.g. 1e-5")
-        if ok("rope_theta") and self.rope_theta <= 0:
-            p.append(f"rope_theta={self.rope_theta}: must be > 0, e.g. 10000.0")
-        if ok("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
-            p.append(f"rope_scaling_factor={self.rope_scaling_factor}: must be >= 1 when rope_scaling is set")
-        if ok("rope_low_freq_factor", "rope_high_freq_factor") and self.rope_scaling == "llama3" and not (
+                p.add("n_kv_heads", f"n_heads={self.n_heads} is not divisible by it; pick a divisor of n_heads")
+        if p.ok("moe_top_k", "n_experts") and not 1 <= self.moe_top_k <= max(self.n_experts, 1):
+            p.add("moe_top_k", f"must be between 1 and n_experts={self.n_experts} (1: Switch, 2: Mixtral)")
+        if p.ok("rope_scaling_factor") and self.rope_scaling != "none" and self.rope_scaling_factor < 1.0:
+            p.add("rope_scaling_factor", "must be >= 1 when rope_scaling is set")
+        if p.ok("rope_low_freq_factor", "rope_high_freq_factor") and self.rope_scaling == "llama3" and not (
                 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
-            p.append(f"rope_low_freq_factor={self.rope_low_freq_factor}, rope_high_freq_factor="
-                     f"{self.rope_high_freq_factor}: rope_scaling='llama3' needs 0 < low < high, e.g. 1.0 and 4.0")
-        if ok("position_offset") and self.position_offset < 0:
-            p.append(f"position_offset={self.position_offset}: must be a whole number >= 0")
-        if ok("n_token_types") and self.n_token_types is not None and self.arch == "encoder-decoder":
-            p.append(f"n_token_types={self.n_token_types}: token types apply to encoder or decoder models; set "
-                     "n_token_types=null for arch='encoder-decoder'")
-        if ok("output_bias") and self.output_bias and self.arch == "encoder":
-            p.append("output_bias=True: an encoder's masked-LM head always has its bias; output_bias applies to "
-                     "arch='decoder' or 'encoder-decoder', set output_bias=false")
-        if ok("tied_output_scale") and self.tied_output_scale:
+            p.line(f"rope_low_freq_factor={self.rope_low_freq_factor}, rope_high_freq_factor="
+                   f"{self.rope_high_freq_factor}: rope_scaling='llama3' needs 0 < low < high, e.g. 1.0 and 4.0",
+                   "rope_low_freq_factor", "rope_high_freq_factor")
+        if p.ok("n_token_types") and self.n_token_types is not None and self.arch == "encoder-decoder":
+            p.add("n_token_types", "token types apply to encoder or decoder models; set n_token_types=null for "
+                                   "arch='encoder-decoder'")
+        if p.ok("output_bias") and self.output_bias and self.arch == "encoder":
+            p.add("output_bias", "an encoder's masked-LM head always has its bias; output_bias applies to "
+                                 "arch='decoder' or 'encoder-decoder', set output_bias=false")
+        if p.ok("tied_output_scale") and self.tied_output_scale:
             if self.arch == "encoder":
-                p.append("tied_output_scale=True: applies to the output layer of arch='decoder' or "
-                         "'encoder-decoder'; set tied_output_scale=false")
+                p.add("tied_output_scale", "applies to the output layer of arch='decoder' or 'encoder-decoder'; set "
+                                           "tied_output_scale=false")
             elif self.tie_embeddings is not True:
-                p.append("tied_output_scale=True: rescales before a tied output layer; set tie_embeddings=true "
-                         "or tied_output_scale=false")
-        if ok("deepnorm") and self.deepnorm and self.norm_position != "post":
-            p.append("deepnorm=True: needs norm_position='post' (DeepNorm scales post-LN residuals); set "
-                     "deepnorm=false or norm_position='post'")
+                p.add("tied_output_scale", "rescales before a tied output layer; set tie_embeddings=true or "
+                                           "tied_output_scale=false")
+        if p.ok("deepnorm") and self.deepnorm and self.norm_position != "post":
+            p.add("deepnorm", "needs norm_position='post' (DeepNorm scales post-LN residuals); set deepnorm=false or "
+                              "norm_position='post'")
         if self.arch == "encoder-decoder" and self.share_src_tgt_embeddings is True and self.tgt_vocab_size not in (
                 None, self.vocab_size):
-            p.append(f"tgt_vocab_size={self.tgt_vocab_size!r}: share_src_tgt_embeddings=true needs one joint "
-                     "vocabulary; set tgt_vocab_size=null or share_src_tgt_embeddings=false")
+            p.add("tgt_vocab_size", "share_src_tgt_embeddings=true needs one joint vocabulary; set "
+                                    "tgt_vocab_size=null or share_src_tgt_embeddings=false")
         if self.sliding_window is not None and self.arch == "encoder":
-            p.append(f"sliding_window={self.sliding_window!r}: applies to causal self-attention; it is not "
-                     "supported for arch='encoder'")
-        p.extend(self._attention_problems(ok))
-        p.extend(self._image_problems(ok))
-        if ok("pad_id") and (self.pad_id < 0 or (ok("vocab_size") and self.pad_id >= max(self.vocab_size, 1))):
-            p.append(f"pad_id={self.pad_id}: must be a valid token id below vocab_size={self.vocab_size}")
-        return p
+            p.add("sliding_window", "applies to causal self-attention; it is not supported for arch='encoder'")
 
-    def _image_problems(self, ok: Any) -> list[str]:
-        """The problems of an image input (``input="patches"``): sizes, and the model around it."""
-        p = []
-        for name in ("image_size", "patch_size", "channels"):
-            if ok(name) and getattr(self, name) < 1:
-                p.append(f"{name}={getattr(self, name)!r}: must be a whole number >= 1")
-        if not ok("input") or self.input != "patches":
-            return p
-        if ok("arch") and self.arch != "encoder":
-            p.append(f"input='patches': images feed an encoder; set arch='encoder' (got {self.arch!r}) or "
-                     "input='tokens'")
-        if ok("n_classes") and self.n_classes is None:
-            p.append("input='patches': an image model classifies; set n_classes (the number of labels)")
+    def _image_problems(self, p: Problems) -> None:
+        """The checks of an image input (``input="patches"``) against the model around it."""
+        if not p.ok("input") or self.input != "patches":
+            return
+        if p.ok("arch") and self.arch != "encoder":
+            p.add("input", f"images feed an encoder; set arch='encoder' (got {self.arch!r}) or input='tokens'")
+        if p.ok("n_classes") and self.n_classes is None:
+            p.add("input", "an image model classifies; set n_classes (the number of labels)")
         for name in ("n_token_types", "n_token_labels"):
-            if ok(name) and getattr(self, name) is not None:
-                p.append(f"{name}={getattr(self, name)!r}: applies to token input; set {name}=null with "
-                         "input='patches'")
-        if not ok("image_size", "patch_size", "max_len", "pooling") or min(self.image_size, self.patch_size) < 1:
-            return p
+            if p.ok(name) and getattr(self, name) is not None:
+                p.add(name, f"applies to token input; set {name}=null with input='patches'")
+        if not p.ok("image_size", "patch_size", "max_len", "pooling") or min(self.image_size, self.patch_size) < 1:
+            return
         if self.image_size % self.patch_size:
             fits = [d for d in range(1, self.image_size + 1) if self.image_size % d == 0]
-            p.append(f"patch_size={self.patch_size}: does not divide image_size={self.image_size}; choose one of "
-                     f"{', '.join(map(str, fits))}")
+            p.add("patch_size", f"does not divide image_size={self.image_size}; choose one of "
+                                f"{', '.join(map(str, fits))}")
         elif self.max_len < self.n_input_positions:
-            p.append(f"max_len={self.max_len}: an image takes {self.n_input_positions} positions ({self.n_patches} "
-                     f"patches{' + CLS' if self.pooling == 'cls' else ''}); set max_len >= {self.n_input_positions}")
-        return p
+            p.add("max_len", f"an image takes {self.n_input_positions} positions ({self.n_patches} patches"
+                             f"{' + CLS' if self.pooling == 'cls' else ''}); set max_len >= {self.n_input_positions}")
 
-    def _attention_problems(self, ok: Any) -> list[str]:
-        """The problems of the attention options (backend, linear attention, sparse masks, soft-capping)."""
-        p = []
-        if ok("global_tokens") and self.global_tokens < 0:
-            p.append(f"global_tokens={self.global_tokens}: must be a whole number >= 0")
-        if ok("attn_logit_softcap") and self.attn_logit_softcap is not None and self.attn_logit_softcap <= 0:
-            p.append(f"attn_logit_softcap={self.attn_logit_softcap}: must be > 0 (Gemma 2 uses 50.0), or null (off)")
-        if ok("attention_backend", "attn_dropout") and self.attention_backend in ("tiled", "flex") and (
+    def _attention_problems(self, p: Problems) -> None:
+        """The checks across the attention options (backend, linear attention, sparse masks, soft-capping)."""
+        if p.ok("attention_backend", "attn_dropout") and self.attention_backend in ("tiled", "flex") and (
                 self.attn_dropout > 0):
-            p.append(f"attention_backend={self.attention_backend!r}: has no attention dropout; set attn_dropout=0 "
-                     "or attention_backend='auto'")
-        if ok("attention_mask", "sliding_window") and self.attention_mask != "dense" and (
+            p.add("attention_backend", "has no attention dropout; set attn_dropout=0 or attention_backend='auto'")
+        if p.ok("attention_mask", "sliding_window") and self.attention_mask != "dense" and (
                 self.sliding_window is not None):
-            p.append(f"attention_mask={self.attention_mask!r}: already limits each query's keys; set "
-                     "sliding_window=null or attention_mask='dense'")
-        if ok("attention") and self.attention == "linear":
+            p.add("attention_mask", "already limits each query's keys; set sliding_window=null or "
+                                    "attention_mask='dense'")
+        if p.ok("attention") and self.attention == "linear":
             kept = {"position": ("alibi", "t5"), "attention_mask": ("block_sparse", "local_global"),
                     "attention_backend": ("tiled", "flex")}
             for name, bad in kept.items():
                 if getattr(self, name) in bad:
-                    p.append(f"{name}={getattr(self, name)!r}: attention='linear' has no score matrix to bias, "
-                             f"mask by pattern or compute by another backend; change {name} or set "
-                             "attention='softmax'")
+                    p.add(name, "attention='linear' has no score matrix to bias, mask by pattern or compute by "
+                                f"another backend; change {name} or set attention='softmax'")
             for name in ("sliding_window", "attn_logit_softcap"):
                 if getattr(self, name) is not None:
-                    p.append(f"{name}={getattr(self, name)!r}: attention='linear' has no score matrix to limit; "
-                             f"set {name}=null or attention='softmax'")
-        return p
+                    p.add(name, f"attention='linear' has no score matrix to limit; set {name}=null or "
+                                "attention='softmax'")
 
     @classmethod
     def check(cls, data: dict[str, Any]) -> list[str]:
@@ -427,12 +346,13 @@ class ModelConfig:
         Each item reads ``key=value: problem; fix``; nothing is built.
         """
         known = {f.name for f in fields(cls)}
-        p = [unknown_key(k, data[k], known) for k in data if k not in known]
+        unknown = Problems(data)
+        unknown.unknown(known)
         config = cls.__new__(cls)
         for f in fields(cls):  # a config that skipped __post_init__, so that its problems can be listed
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
             setattr(config, f.name, data.get(f.name, default))
-        return p + config.problems()
+        return unknown.lines + config.problems()
 
     # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:
@@ -461,6 +381,10 @@ class ModelConfig:
         try:
             return cls(**data)
         except TypeError as e:  # pragma: no cover - dataclass signature errors
+            raise AiaynError(f"{source}: {e}") from None
+        except AiaynError as e:  # the problems, said with the file (or section) they came from
+            if source == "config":
+                raise
             raise AiaynError(f"{source}: {e}") from None
 
     @classmethod

@@ -1,11 +1,12 @@
 """Writing a file so that a reader sees the old file or the whole new one, never a part, with the permissions an
-ordinary ``open()`` would give it (the umask's).
+ordinary ``open()`` would give it (the umask's); a file's SHA-256.
 
 Only the standard library: every package may import it without an import cycle.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -46,3 +47,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

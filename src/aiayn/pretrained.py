@@ -13,6 +13,7 @@ from aiayn.accel import accelerate, quantize_int8
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
+from aiayn.models.stats import size_problem
 from aiayn.tokenize import Tokenizer, load_tokenizer
 from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
 
@@ -39,6 +40,70 @@ class Pretrained:
         return self.meta.get("task", "unknown")
 
 
+def _is_whole(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+#: entries of a checkpoint's config.json besides "model" (its ModelConfig checks itself): what each must be
+_META_RULES: dict[str, tuple[str, Any]] = {
+    "task": ("a task name in quotes", lambda v: isinstance(v, str)),
+    "tokenizers": ("a table of role = file name", lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(f, str) and f and "/" not in f and "\\" not in f for k, f in v.items())),
+    "decode": ("a table of decoding settings", lambda v: isinstance(v, dict)),
+    "lowercase": ("true or false", lambda v: isinstance(v, bool)),
+    "packing": ("true or false", lambda v: isinstance(v, bool)),
+    "labels": ("a non-empty list of label strings", lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(x, str) for x in v)),
+    "label_names": ("null or a list of label names", lambda v: v is None or (isinstance(v, list) and all(
+        isinstance(x, str) for x in v))),
+    "block_size": ("null or a whole number >= 2", lambda v: v is None or _is_whole(v, 2)),
+    "max_len": ("a whole number >= 3", lambda v: _is_whole(v, 3)),
+    "newline_symbol": ("null or a string", lambda v: v is None or isinstance(v, str)),
+}
+
+
+def meta_problems(meta: dict[str, Any]) -> list[str]:
+    """What is wrong with the entries of a checkpoint's ``config.json`` that the commands read besides ``model``,
+    each as ``key=value: must be ...`` (empty when nothing is)."""
+    out = [f"{key}={meta[key]!r}: must be {what}" for key, (what, ok) in _META_RULES.items()
+           if key in meta and not ok(meta[key])]
+    if not isinstance(meta.get("model"), dict):
+        out.insert(0, f"model={meta.get('model')!r}: must be a table of model settings")
+    names, labels = meta.get("label_names"), meta.get("labels")
+    if not out and isinstance(names, list) and isinstance(labels, list) and len(names) != len(labels):
+        out.append(f"label_names: {len(names)} names for {len(labels)} labels; give one name per label")
+    return out
+
+
+def run_folder_checkpoints(directory: str | Path) -> list[Path]:
+    """The checkpoints inside ``directory`` when it is a training run's folder (``train.out_dir``: ``best/``,
+    ``last/``, ``averaged/``, ``step-N/``) rather than a checkpoint; empty for a checkpoint or anything else."""
+    d = Path(directory)
+    if not d.is_dir() or (d / "config.json").exists():
+        return []
+    found = [c for c in d.iterdir() if c.is_dir() and not c.name.startswith(".")
+             and ((c / "config.json").is_file() or (Path(f"{c}.old") / "config.json").is_file())]
+    order = {"best": 0, "last": 1, "averaged": 2}
+
+    def key(c: Path) -> tuple[int, int, str]:
+        step = c.name.removeprefix("step-")
+        return order.get(c.name, 3), int(step) if step.isdigit() else 0, c.name
+    return sorted(found, key=key)
+
+
+def refuse_run_folder(directory: str | Path) -> None:
+    """Raise when ``directory`` is a training run's folder rather than a checkpoint, naming its checkpoints.
+
+    Raises:
+        AiaynError: ``runs/demo: a training run's folder, not a checkpoint; pass one of its checkpoints: ...``.
+    """
+    inside = run_folder_checkpoints(directory)
+    if inside:
+        names = ", ".join(str(c) for c in inside[:4]) + (f" (and {len(inside) - 4} more)" if len(inside) > 4 else "")
+        raise AiaynError(f"{directory}: a training run's folder, not a checkpoint; pass one of its checkpoints: "
+                         f"{names}")
+
+
 def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False,
                     dtype: str | torch.dtype = "float32", accel: str | None = None) -> Pretrained:
     """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
@@ -52,8 +117,8 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     "auto").
 
     Raises:
-        AiaynError: missing directory or files (names what is missing); int8 with a dtype other than float32;
-            fp16 on the CPU.
+        AiaynError: missing directory or files (names what is missing); a training run's folder instead of one of
+            its checkpoints (names them); int8 with a dtype other than float32; fp16 on the CPU.
     """
     from aiayn.nn.precision import inference_dtype
 
@@ -65,10 +130,18 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     if not d.exists() and not Path(str(d) + ".old").exists():
         raise AiaynError(f"{d}: checkpoint directory not found; pass the folder that holds config.json "
                          "(e.g. runs/demo/best)")
+    refuse_run_folder(d)
     meta = load_config(d)
     if "model" not in meta:
         raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
+    problems = meta_problems(meta)
+    if problems:
+        raise AiaynError(f"{d / 'config.json'}: {'; '.join(problems)}; the file was edited or is corrupt: restore it "
+                         "or use another checkpoint")
     config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
+    too_big = size_problem(config, 4, "hold in float32")
+    if too_big is not None:
+        raise AiaynError(f"{d / 'config.json'}: model {too_big}: the file was edited or is corrupt")
     model = build_model(config, init=False)
     load_model_state(d, model)
     tokenizers: dict[str, Tokenizer] = {}

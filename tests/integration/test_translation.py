@@ -156,6 +156,7 @@ def test_ensemble_translate_and_evaluate(tmp_path: Path, corpus_dir: Path, capsy
     tok = json.loads(tok_file.read_text(encoding="utf-8"))
     tok["words"] = tok["words"][::-1]  # the same words, other ids
     tok_file.write_text(json.dumps(tok), encoding="utf-8")
+    (other / "manifest.json").unlink()  # a deliberate edit: accepted once the checksums are gone
     assert main(["translate", "--checkpoint", best, "--checkpoint", str(other), "-i", str(src)]) == 2
     err = capsys.readouterr().err
     assert str(other) in err and "tokenizers differ" in err and "Traceback" not in err

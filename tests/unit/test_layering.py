@@ -1,5 +1,6 @@
-"""The layering rule, checked on the source: the reference core never imports an accelerator, and no package imports
-form a cycle. Imports are read with ``ast`` (module level and inside functions alike), so a lazy import counts too."""
+"""The layering rule, checked on the source: the reference core never imports an accelerator, and the packages form a
+ladder with no cycles. Imports are read with ``ast`` (module level, inside functions and under ``TYPE_CHECKING``
+alike), so a lazy import counts too."""
 
 from __future__ import annotations
 
@@ -19,6 +20,31 @@ CALL_SITES = {"aiayn.pretrained", "aiayn.train.trainer", "aiayn.train.train_conf
 #: application code above the core (commands, demos): may import the entry point too
 APPLICATIONS = ("aiayn.cli.", "aiayn.demos.", "aiayn.check")
 
+#: the packages from the bottom rung up (a package is ``aiayn.X``; a top-level module such as ``aiayn.errors``
+#: is a node of its own, and ``aiayn`` is the package's lazy facade). A package imports only packages on lower
+#: rungs, anywhere in its files. ``aiayn.accel`` stands beside the core: it may import the core, and the core reaches
+#: it only through the entry point ``aiayn.accel`` at :data:`CALL_SITES` (checked by the accelerator tests below).
+LADDER: tuple[tuple[str, ...], ...] = (
+    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation"),  # the standard library (and torch) only
+    ("aiayn.config", "aiayn.output_folder", "aiayn.checkpoint_layout"),
+    ("aiayn.nn",),
+    ("aiayn.models",),
+    ("aiayn",),  # the facade: ModelConfig, build_model, ...
+    ("aiayn.tokenize",),
+    ("aiayn.data", "aiayn.viz"),
+    ("aiayn.generate",),
+    ("aiayn.train",),
+    ("aiayn.accel",),
+    ("aiayn.pretrained",),
+    ("aiayn.evaluate",),
+    ("aiayn.tasks",),
+    ("aiayn.hf", "aiayn.inspect"),
+    ("aiayn.demos",),
+    ("aiayn.check",),
+    ("aiayn.cli",),
+    ("aiayn.__main__",),  # python -m aiayn
+)
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
@@ -32,8 +58,15 @@ def _imports(path: Path) -> set[str]:
     return _imports_of(path.read_text(), _module_name(path), path.name == "__init__.py")
 
 
+def _is_module(name: str) -> bool:
+    where = SRC / Path(*name.split("."))
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
 def _imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
-    """:func:`_imports` of ``source``, the text of ``module``."""
+    """:func:`_imports` of ``source``, the text of ``module``. ``from a import b`` counts ``a.b`` where that is a
+    module, and ``a`` itself where some imported name is not a module (``from aiayn import accel`` is the accelerator's
+    entry point, not the ``aiayn`` facade)."""
     tree = ast.parse(source)
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
@@ -45,12 +78,10 @@ def _imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            for a in node.names:
-                candidate = f"{base}.{a.name}"
-                if (SRC / Path(*candidate.split("."))).with_suffix(".py").exists() or (
-                        SRC / Path(*candidate.split(".")) / "__init__.py").exists():
-                    found.add(candidate)
+            submodules = {f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")}
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(base)
     return {m for m in found if m == "aiayn" or m.startswith("aiayn.")}
 
 
@@ -60,6 +91,77 @@ def _all_modules() -> dict[str, set[str]]:
 
 def _is_accel(name: str) -> bool:
     return name == "aiayn.accel" or name.startswith("aiayn.accel.")
+
+
+def _node(module: str) -> str:
+    """The ladder's node of a module: ``aiayn.X`` (a package or a top-level module), or ``aiayn``."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(modules: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
+    """node -> the nodes it imports -> the imports that make each edge ("aiayn.a.b imports aiayn.c.d"), without a
+    call site's import of the accelerator's entry point."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module, imported in modules.items():
+        source = _node(module)
+        edges = graph.setdefault(source, {})
+        for target in sorted(imported):
+            node = _node(target)
+            if node == source or (target == "aiayn.accel" and module in CALL_SITES):
+                continue
+            edges.setdefault(node, []).append(f"{module} imports {target}")
+    return graph
+
+
+def _find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
+    """A cycle of ``graph`` as its nodes, the first one repeated at the end; None when there is none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, list[str]]]) -> str:
+    lines = [" -> ".join(cycle)]
+    for a, b in zip(cycle, cycle[1:]):
+        lines += [f"  {a} -> {b}:"] + [f"    {why}" for why in graph[a][b]]
+    return "\n".join(lines)
+
+
+def _rungs() -> dict[str, int]:
+    return {node: i for i, rung in enumerate(LADDER) for node in rung}
+
+
+def _upward(graph: dict[str, dict[str, list[str]]]) -> list[str]:
+    """Every import of a node on the same or a higher rung, and every node the ladder does not place."""
+    rung = _rungs()
+    offenders = [f"{node}: not on the ladder; add it to LADDER" for node in sorted(graph) if node not in rung]
+    for node, edges in sorted(graph.items()):
+        for target, why in sorted(edges.items()):
+            if target not in rung:
+                offenders.append(f"{target}: not on the ladder; add it to LADDER")
+            elif node in rung and rung[target] >= rung[node]:
+                offenders += [f"{w} (rung {rung[target]} from rung {rung[node]})" for w in why]
+    return sorted(set(offenders))
 
 
 def test_the_core_imports_no_accelerator() -> None:
@@ -85,44 +187,34 @@ def test_the_accelerator_entry_point_imports_only_the_core_at_module_level() -> 
     assert not any(name and name.startswith("aiayn.accel.") for name in names)
 
 
-def test_no_import_cycles_between_modules() -> None:
-    graph = _all_modules()
-    # only module-level imports make a cycle at import time; function-level ones run later
-    level: dict[str, set[str]] = {}
-    for p in sorted(PKG.rglob("*.py")):
-        name = _module_name(p)
-        tree = ast.parse(p.read_text())
-        found: set[str] = set()
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiayn"):
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in graph)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("aiayn"))
-        level[name] = {m for m in found if m in graph and m != name}
-    state: dict[str, int] = {}
-    stack: list[str] = []
+def test_no_import_cycles_between_packages() -> None:
+    """The package graph, every import counted wherever it is made, has no cycle."""
+    graph = _package_graph(_all_modules())
+    cycle = _find_cycle(graph)
+    assert cycle is None, "package import cycle: " + _describe(cycle, graph)
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(level.get(node, ())):
-            if nxt.startswith(node + "."):  # a package importing its own submodule is not a cycle
-                continue
-            if state.get(nxt) == 1 and not node.startswith(nxt + "."):
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                cycle = visit(nxt)
-                if cycle:
-                    return cycle
-        stack.pop()
-        state[node] = 2
-        return None
 
-    for module in sorted(level):
-        if module not in state:
-            cycle = visit(module)
-            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+def test_packages_import_only_lower_rungs_of_the_ladder() -> None:
+    offenders = _upward(_package_graph(_all_modules()))
+    assert not offenders, "imports that go up the ladder (move the code down to its users):\n  " + "\n  ".join(
+        offenders)
+
+
+@pytest.mark.parametrize(("module", "planted", "target"), [
+    ("aiayn.nn.attention", "def f():\n    from aiayn.tasks.lm import LMTask\n", "aiayn.tasks"),
+    ("aiayn.models.heads", "class A:\n    def f(self):\n        from ..train import losses\n", "aiayn.train"),
+    ("aiayn.tokenize.base", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import aiayn.pretrained\n",
+     "aiayn.pretrained"),
+])
+def test_the_checker_catches_a_planted_back_edge(module: str, planted: str, target: str) -> None:
+    """A low package importing a higher one, even inside a function, closes a cycle and goes up the ladder."""
+    modules = _all_modules()
+    modules[module] = modules[module] | _imports_of(planted, module)
+    graph = _package_graph(modules)
+    cycle = _find_cycle(graph)
+    assert cycle is not None and _node(module) in cycle and target in cycle, cycle
+    assert f"{module} imports" in _describe(cycle, graph)
+    assert any(o.startswith(f"{module} imports {target}") for o in _upward(graph))
 
 
 @pytest.mark.parametrize("planted", ["from aiayn.accel.cpu import native\n", "import aiayn.accel.cpu.packed\n",

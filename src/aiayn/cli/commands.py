@@ -361,6 +361,9 @@ def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
     if not args.src or not args.ref:
         raise AiaynError("translation evaluation needs --src FILE and --ref FILE")
     src, ref = read_lines(args.src), read_lines(args.ref)
+    if not src:
+        raise AiaynError(f"{args.src}: the file is empty; give the source sentences to translate and score, one per "
+                         "line")
     if len(src) != len(ref):
         raise AiaynError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
     hyps = _translate_lines(loaded, args, src, source=args.src, command_name="evaluate")
@@ -424,6 +427,7 @@ def _average(p: argparse.ArgumentParser) -> None:
                         "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import refuse_run_folder
         from aiayn.train.checkpoint import periodic_checkpoints, write_average
 
         if bool(args.run_dir) == bool(args.checkpoints):
@@ -431,6 +435,8 @@ def _average(p: argparse.ArgumentParser) -> None:
         if args.last is not None and not args.run_dir:
             raise AiaynError("--last needs --run DIR")
         dirs = [Path(c) for c in args.checkpoints]
+        for d in dirs:
+            refuse_run_folder(d)
         if args.run_dir:
             if args.last is not None and args.last < 1:
                 raise AiaynError(f"--last must be at least 1, got {args.last}")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from aiayn.cli.commands import _add_load_args, _load, command
+from aiayn.cli.values import number, output_file, utf8_text, whole
 from aiayn.errors import AiaynError
 
 #: what the explorer shows when no input is given, by task
@@ -20,7 +21,7 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory (trained, or converted from "
                                                        "Hugging Face with aiayn convert)")
     given = p.add_mutually_exclusive_group()
-    given.add_argument("--text", help="the input: a source sentence, a prompt, or a text to classify")
+    given.add_argument("--text", type=utf8_text, help="the input: a source sentence, a prompt, or a text to classify")
     given.add_argument("-i", "--input", help="a UTF-8 file whose first non-blank line is the input; for an image "
                                              "checkpoint, the image (PNG or .npy)")
     out = p.add_mutually_exclusive_group()
@@ -31,13 +32,15 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="with --png: also write into a folder that holds other things (pictures of the same names "
                         "are replaced; nothing else there is changed or removed)")
-    p.add_argument("--beam", type=int, default=None, help="translation: beam width (default the checkpoint's; 1 is "
-                                                          "greedy)")
+    p.add_argument("--beam", type=whole(1), default=None,
+                   help="translation: beam width, at most the target vocabulary's size (default the checkpoint's; 1 "
+                        "is greedy)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1, this machine only; another address makes the "
                         "explorer and the model reachable from the network)")
-    p.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one input may run when served (default 60)")
+    p.add_argument("--port", type=whole(0, 65535), default=8000, help="port to serve on (default 8000)")
+    p.add_argument("--timeout", type=number(0, open_low=True), default=60.0,
+                   help="seconds one input may run when served (default 60)")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -47,7 +50,12 @@ def _inspect(p: argparse.ArgumentParser) -> None:
             from aiayn.output_folder import PICTURES, check_output_folder
 
             check_output_folder(args.png, PICTURES, overwrite=args.overwrite, sources=[args.checkpoint])
+        output_file(args.html, "--html")
         pre = _load(args)
+        tgt = pre.tokenizers.get("tgt")
+        if args.beam is not None and tgt is not None and args.beam > tgt.vocab_size:
+            raise AiaynError(f"--beam {args.beam}: more than the {tgt.vocab_size} tokens of the target vocabulary; "
+                             f"give a beam of at most {tgt.vocab_size}")
         image = pre.config.input == "patches"
         if image:
             from aiayn.inspect.image import inspect_image

@@ -15,6 +15,7 @@ from aiayn.cli.commands import (
     command,
     write_attention,
 )
+from aiayn.cli.values import number, output_file, utf8_text, whole
 from aiayn.errors import AiaynError
 
 
@@ -25,17 +26,18 @@ from aiayn.errors import AiaynError
 def _generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="an lm checkpoint directory (e.g. runs/shakespeare-char/best)")
-    p.add_argument("--prompt", action="append", default=None,
+    p.add_argument("--prompt", action="append", default=None, type=utf8_text,
                    help="prompt text (repeat for a batch; default: one empty prompt, which starts from a "
                         "newline)")
     p.add_argument("--prompt-file", help="a UTF-8 file whose whole text is one prompt ('-' for stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=200,
-                   help="the most tokens to add per prompt (default 200)")
-    p.add_argument("--temperature", type=float, default=0.8,
-                   help="sampling temperature (default 0.8; 0 = greedy)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with mass p")
-    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--max-new-tokens", type=whole(1), default=200,
+                   help="the most tokens to add per prompt, at least 1 (default 200)")
+    p.add_argument("--temperature", type=number(0), default=0.8,
+                   help="sampling temperature, >= 0 (default 0.8; 0 = greedy)")
+    p.add_argument("--top-k", type=whole(1), default=None, help="sample among the k most likely tokens (k >= 1)")
+    p.add_argument("--top-p", type=number(0, 1, open_low=True), default=None,
+                   help="nucleus sampling: the smallest set with mass p, in (0, 1]")
+    p.add_argument("--seed", type=whole(0), default=None, help="seed for reproducible samples (a whole number >= 0)")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--prefix-lm", action="store_true", help="attend bidirectionally within the prompt")
     _add_on_long_arg(p, "generate from the prompt's last block_size // 2 tokens")
@@ -44,8 +46,10 @@ def _generate(p: argparse.ArgumentParser) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.generate.inputs import check_lengths, input_name
-        from aiayn.tasks.lm import codec_from_meta, generate_text
+        from aiayn.tasks.lm import generate_text
+        from aiayn.tokenize.text_codec import codec_from_meta
 
+        output_file(args.attention, "--attention")
         prompts = list(args.prompt or [])
         names = [f"prompt {i + 1}" for i in range(len(prompts))]
         if args.prompt_file:
@@ -118,14 +122,15 @@ def _classify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a classification checkpoint directory")
     p.add_argument("--input", "-i", help="text file, one text per line (plain or .gz); default stdin. Image "
                                          "checkpoints: a file of image paths, one per line, or one .png/.npy image")
-    p.add_argument("--batch-size", type=int, default=128, help="texts (or images) per forward pass (default 128)")
+    p.add_argument("--batch-size", type=whole(1), default=128,
+                   help="texts (or images) per forward pass (default 128)")
     _add_on_long_arg(p, "classify its first max_len - 1 tokens")
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.errors import where
+        from aiayn.evaluate.predict import display_labels, predict_proba
         from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
-        from aiayn.tasks.classification import display_labels, predict_proba
 
         pre = _load(args)
         if pre.task == "image_classification":

@@ -68,14 +68,27 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
     argparse fills a ``nargs="*"`` positional in one go, so in ``aiayn train R.toml --nproc 2 a.b=1`` the
     ``a.b=1`` after the option would be "unrecognized"; such leftovers join ``args.overrides`` when the command
-    takes overrides. Anything else left over (an unknown option) is the usual argparse error.
+    takes overrides. Anything else left over (an unknown option) is the usual argparse error, said by the command
+    (``aiayn translate: error: ...``). So is ``--beam=--``, which this Python's argparse passes on as an empty list.
     """
     args, extra = parser.parse_known_args(argv)
+    command = _command_parser(parser, getattr(args, "command", None))
+    for item in argv if argv is not None else sys.argv[1:]:
+        if item.startswith("--") and item.endswith("=--") and len(item) > 5:
+            command.error(f"argument {item[:-3]}: expected one argument")
     if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The parser of the command ``name`` (``parser`` itself when there is none), whose errors name the command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
 
     start = threads.sample()  # other processes' CPU use is measured from here to the command's start
     parser = build_parser()
-    args = parse_args(parser, argv)
+    try:
+        args = parse_args(parser, argv)
+    except SystemExit as e:  # argparse said what is wrong (usage, then "aiayn COMMAND: error: ...")
+        if e.code in (0, None):  # --help, --version
+            raise
+        return e.code if isinstance(e.code, int) else 2
     if getattr(args, "threads", None):  # the command owns its process's threads too (see aiayn.threads)
         threads.set_explicit(args.threads)
     else:

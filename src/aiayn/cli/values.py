@@ -34,8 +34,10 @@ def whole(low: int, high: int = MAX_WHOLE) -> Callable[[str], int]:
             value = int(text.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give one {span}") from None
-        if not low <= value <= high:
+        if value < low:
             raise argparse.ArgumentTypeError(f"{text}: give a whole number {span}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{text}: too large; give a whole number from {low} to {high}")
         return value
 
     parse.__name__ = "whole number"  # what argparse would call the type in its own messages
@@ -69,6 +71,17 @@ def number(low: float, high: float = math.inf, *, open_low: bool = False) -> Cal
 
     parse.__name__ = "number"
     return parse
+
+
+def utf8_text(text: str) -> str:
+    """An argparse type: text given on the command line, which must be valid UTF-8 (Python keeps the bytes of an
+    undecodable argument as lone surrogates, which no file, page or terminal can take)."""
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        byte = f" (byte {ord(text[bad]) - 0xDC00:#04x})" if "\udc80" <= text[bad] <= "\udcff" else ""
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text{byte} at character {bad + 1}; give UTF-8 text, or "
+                                         "put the text in a UTF-8 file")
+    return text
 
 
 def device_name(name: str, flag: str = "--device") -> str:

@@ -8,7 +8,8 @@ are split on tabs verbatim (no quoting), since TSV corpora like SST-2 keep quote
 text; CSV fields follow the usual quoting rules, one record per line.
 
 Labels become ids through ``label_names``, sorted numerically when every label is an integer
-(so SST-2's ``0``/``1`` map to 0/1) and as strings otherwise. Pass the training file's names when
+(so SST-2's ``0``/``1`` map to 0/1) and as strings when every label is a word; a file that mixes the two
+is an error. Pass the training file's names when
 loading the dev file so both use one mapping.
 """
 
@@ -55,6 +56,36 @@ def _sorted_label_names(names: set[str]) -> list[str]:
         return sorted(names, key=int)
     except ValueError:
         return sorted(names)
+
+
+def _is_whole(label: str) -> bool:
+    try:
+        int(label)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_label_kinds(path: Path, labels: list[str], lines: list[int]) -> None:
+    """Refuse a file that mixes whole-number labels with other labels (a stray ``positive`` among 0/1 labels would
+    silently become a class of its own), naming the first line whose kind differs from most labels'.
+
+    Raises:
+        AiaynError: naming ``path:line``, the label and the fix.
+    """
+    whole = [_is_whole(label) for label in labels]
+    n_whole = sum(whole)
+    if n_whole in (0, len(labels)):
+        return
+    majority = n_whole * 2 >= len(labels)
+    i = next(i for i, w in enumerate(whole) if w != majority)
+    examples = sorted({label for label, w in zip(labels, whole) if w == majority}, key=lambda x: (len(x), x))[:3]
+    kind = "a whole number" if majority else "a word"
+    raise AiaynError(
+        f"{where(path, lines[i])}: label {labels[i]!r} is not {kind} like the other labels ({', '.join(examples)}); "
+        "mixing whole-number labels with other labels would make a class of its own: fix the label (all labels "
+        "whole numbers, or all words)"
+    )
 
 
 def _delimiter(path: Path, first_line: str) -> str:
@@ -124,6 +155,7 @@ def load_labeled_text(
     text_column: str | int | None = None,
     label_column: str | int | None = None,
     label_names: Sequence[str] | None = None,
+    texts_only: bool = False,
 ) -> LabeledData:
     """Read a labeled TSV or CSV file.
 
@@ -135,13 +167,16 @@ def load_labeled_text(
             column 0 without a header.
         label_names: Fix the label mapping (e.g. the training file's ``label_names`` when reading
             dev); a label outside it is an error. Default: the labels found, sorted.
+        texts_only: the caller reads the texts alone (masked-LM pretraining), so whole-number labels mixed with
+            other labels are no error.
 
     Returns:
         :class:`LabeledData`.
 
     Raises:
         AiaynError: Naming ``path:line`` and the fix, for a missing file, a row with the wrong number
-            of columns, an empty text or label, an unknown label, or no rows at all.
+            of columns, an empty text or label, an unknown label, whole-number labels mixed with other
+            labels, or no rows at all.
     """
     p = Path(path)
     lines = read_text(p).split("\n")
@@ -206,6 +241,8 @@ def load_labeled_text(
         raw_labels.append(label)
         line_numbers.append(n)
 
+    if label_names is None and not texts_only:
+        _check_label_kinds(p, raw_labels, line_numbers)
     names = list(label_names) if label_names is not None else _sorted_label_names(set(raw_labels))
     index = {name: i for i, name in enumerate(names)}
     labels: list[int] = []

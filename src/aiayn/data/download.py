@@ -3,13 +3,13 @@ test or demo time; tests point ``base_url`` at a local ``file://`` mirror)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import urllib.request
 from pathlib import Path
 
 from aiayn.errors import AiaynError
+from aiayn.files import sha256_of
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
 MULTI30K_SHA256 = {
@@ -23,15 +23,6 @@ MULTI30K_SHA256 = {
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
 }
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(url: str, dest: Path, sha256: str) -> Path:

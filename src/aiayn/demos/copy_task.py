@@ -16,9 +16,9 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.data.batching import collate_seq2seq
 from aiayn.models.build import build_model
+from aiayn.models.losses import label_smoothed_nll
 from aiayn.output_folder import clear_run_folder
 from aiayn.tokenize import NUM_SPECIAL
-from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.trainer import TrainConfig, train
 
 N_SYMBOLS, SEQ_LEN = 10, 10

@@ -10,10 +10,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from aiayn.data.classification import load_labeled_text
+from aiayn.data.lm import load_text_corpus
 from aiayn.errors import AiaynError
 from aiayn.evaluate.classification import accuracy, confusion_matrix, format_confusion, precision_recall_f1
 from aiayn.evaluate.lm import bits_per_character, perplexity, sliding_window_nll, window_plan
+from aiayn.evaluate.predict import display_labels, predict_proba
 from aiayn.pretrained import Pretrained
+from aiayn.tokenize.text_codec import codec_from_meta
 
 LOGITS_BYTES = 1 << 30  # the most float32 logits one batch of language-model windows may hold
 
@@ -40,9 +44,6 @@ def evaluate_lm(pretrained: Pretrained, path: str | Path, context: int | None = 
         ``{"loss", "perplexity", "bits_per_char", "tokens", "chars", "context", "stride"}``: loss is the
         mean NLL per token in nats.
     """
-    from aiayn.data.lm import load_text_corpus
-    from aiayn.tasks.lm import codec_from_meta
-
     if pretrained.task != "lm":
         raise AiaynError(f"a {pretrained.task!r} checkpoint; perplexity needs a language model (task lm)")
     model = pretrained.model
@@ -51,6 +52,10 @@ def evaluate_lm(pretrained: Pretrained, path: str | Path, context: int | None = 
     stride = stride or max(context // 2, 1)
     if context > limit:
         raise AiaynError(f"context={context} exceeds the model's max_len={limit}; lower --context")
+    if not 1 <= stride < context:
+        raise AiaynError(f"stride={stride} with context={context}: the windows' step must be at least 1 and below "
+                         f"the context; lower --stride (--stride {context - 1} gives windows that do not overlap)"
+                         if context >= 2 else f"context={context}: a window needs at least 2 tokens; raise --context")
     codec = codec_from_meta(pretrained.tokenizers["text"], pretrained.meta)
     corpus = load_text_corpus(path)
     docs = [corpus] if isinstance(corpus, str) else corpus
@@ -96,9 +101,6 @@ def evaluate_classifier(pretrained: Pretrained, path: str | Path, batch_size: in
         recall, f1, support}}, "confusion": [[...]], "confusion_text": str, "examples", "loss"}``; labels are
         shown by their names when the checkpoint has them (``label_names``).
     """
-    from aiayn.data.classification import load_labeled_text
-    from aiayn.tasks.classification import predict_proba
-
     if pretrained.task != "classification" or "labels" not in pretrained.meta:
         raise AiaynError(f"a {pretrained.task!r} checkpoint; this evaluation needs a classification model")
     labels = list(pretrained.meta["labels"])
@@ -111,8 +113,6 @@ def evaluate_classifier(pretrained: Pretrained, path: str | Path, batch_size: in
 def classification_report(pretrained: Pretrained, probs: torch.Tensor, gold: list[int]) -> dict[str, Any]:
     """The keys of :func:`evaluate_classifier` from a classifier's probabilities (N, C) and the gold class ids (N,)
     (an index into the checkpoint's ``labels``)."""
-    from aiayn.tasks.classification import display_labels
-
     labels = list(pretrained.meta["labels"])
     pred = probs.argmax(-1).tolist()
     report = precision_recall_f1(gold, pred, list(range(len(labels))))

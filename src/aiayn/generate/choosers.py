@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from aiayn.generate.common import next_log_probs, next_scores
-from aiayn.models.heads import LMHead, RowTop
+from aiayn.models.heads import LMHead, RowTop, next_log_probs, next_scores
 
 
 def greedy_chooser(head: LMHead, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor]:

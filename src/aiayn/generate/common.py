@@ -1,12 +1,18 @@
-"""Pieces shared by every search: hypotheses, the length penalty, next-token log-probabilities."""
+"""Pieces shared by every search: hypotheses, the length penalty, forcing a token, and the next-token scores and
+log-probabilities (:func:`next_scores`, :func:`next_log_probs`, defined beside the output head in
+:mod:`aiayn.models.heads`, which chooses greedy tokens with them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from aiayn.models.heads import next_log_probs, next_scores
+
+__all__ = ["Hypothesis", "force_token", "length_penalty", "next_log_probs", "next_scores"]
 
 
 @dataclass
@@ -29,39 +35,12 @@ def length_penalty(length: int, alpha: float) -> float:
 
     Args:
         length: |Y|, the number of output tokens including EOS.
-        alpha: strength; the paper uses 0.6.
+        alpha: strength; the paper uses 0.6. A huge one gives inf (every score then rounds to 0), not an overflow.
     """
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def next_log_probs(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
-    """Log-softmax in float32, with ``banned_ids`` (e.g. PAD, BOS) set to -inf afterwards (no renormalizing).
-
-    Args:
-        logits: (N, V).
-    Returns:
-        (N, V) float32 log-probabilities.
-    """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    if banned_ids:
-        logp[:, list(banned_ids)] = float("-inf")
-    return logp
-
-
-def next_scores(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
-    """The logits in float32 with ``banned_ids`` set to -inf (a new tensor when any are banned): what a search
-    that ignores a per-row shift (greedy, sampling) needs from :func:`next_log_probs`, without its log-softmax.
-
-    Args:
-        logits: (N, V).
-    Returns:
-        (N, V) float32 scores.
-    """
-    scores = logits.float()
-    if banned_ids:
-        banned = torch.tensor(list(banned_ids), dtype=torch.long, device=scores.device)
-        scores = scores.index_fill(1, banned, float("-inf"))
-    return scores
+    try:
+        return ((5.0 + length) / 6.0) ** alpha
+    except OverflowError:
+        return math.inf
 
 
 def force_token(logp: Tensor, rows: Tensor, token_id: int) -> Tensor:

@@ -6,6 +6,7 @@ checked with a single ``.all()`` per step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -37,11 +38,17 @@ def make_sampler(temperature: float = 1.0, top_k: int | None = None, top_p: floa
         top_p: keep only the nucleus of mass top_p.
         generator: random source (seeded for reproducible samples).
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 for sampling (use greedy_choice for 0)")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature={temperature} must be a finite number > 0 for sampling (use greedy_choice "
+                         "for 0)")
+    t = min(max(temperature, 1e-30), 1e30)
 
     def choose(scores: Tensor) -> Tensor:  # log-probs or logits: softmax, top-k and top-p ignore a per-row shift
-        probs = filter_logits(scores / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+        # each row shifted so that its best is 0, and the temperature kept where float32 holds it and its inverse
+        # (beyond, the result is the same: greedy below, uniform over the allowed tokens above), so that no
+        # temperature, however small or large, makes an inf / inf or a 0 / 0
+        shifted = (scores - scores.max(dim=-1, keepdim=True).values).float()  # (N, V), <= 0; banned stay -inf
+        probs = filter_logits(shifted / t, top_k, top_p).softmax(dim=-1)  # (N, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return choose

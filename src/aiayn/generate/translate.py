@@ -6,6 +6,7 @@ maximum output length during inference to input length + 50, but terminate early
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
@@ -190,6 +191,11 @@ def translate(
         raise AiaynError(f"beam_size={beam_size} must be >= 1")
     if not 1 <= n_best <= beam_size:
         raise AiaynError(f"n_best={n_best} must be between 1 and beam_size={beam_size}; raise beam_size")
+    if vocab_size is not None and beam_size > vocab_size:
+        raise AiaynError(f"beam_size={beam_size} is more than the {vocab_size} tokens of the target vocabulary; use a "
+                         f"beam of at most {vocab_size}")
+    if not math.isfinite(alpha):
+        raise AiaynError(f"alpha={alpha} must be a finite number (the length penalty's exponent, e.g. 0.6)")
     if src.shape[0] == 0:
         return []
     budget = _budget(models, src, max_len_a, max_len_b, pad_id, forced_first_id)

@@ -192,7 +192,7 @@ def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float |
 
 def _lm(pre: Pretrained, text: str, *, layers: list[int] | None,
         digits: int | None) -> dict[str, Any]:
-    from aiayn.tasks.lm import codec_from_meta
+    from aiayn.tokenize.text_codec import codec_from_meta
 
     model, codec = pre.model, codec_from_meta(pre.tokenizers["text"], pre.meta)
     context = min(pre.meta.get("block_size") or pre.config.max_len, pre.config.max_len)
@@ -213,7 +213,7 @@ def _lm(pre: Pretrained, text: str, *, layers: list[int] | None,
 
 def _encoder_ids(pre: Pretrained, text: str) -> list[int]:
     from aiayn.data.classification import collate_classification
-    from aiayn.tasks.classification import encode_for_classifier
+    from aiayn.evaluate.predict import encode_for_classifier
 
     tok = pre.tokenizers["text"]
     max_len = int(pre.meta.get("max_len") or pre.config.max_len)
@@ -223,7 +223,7 @@ def _encoder_ids(pre: Pretrained, text: str) -> list[int]:
 
 def _classification(pre: Pretrained, text: str, *, layers: list[int] | None,
                     digits: int | None) -> dict[str, Any]:
-    from aiayn.tasks.classification import display_labels
+    from aiayn.evaluate.predict import display_labels
 
     model, tok = pre.model, pre.tokenizers["text"]
     ids = _encoder_ids(pre, text)

@@ -7,12 +7,42 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from aiayn.models.losses import label_smoothed_nll
 from aiayn.nn.feedforward import activation_fn
 from aiayn.nn.norms import build_norm
-from aiayn.train.losses import label_smoothed_nll
 
 #: log-probabilities (N, c) and ids (N, c) of each row's c best next tokens, best first, and log p(eos) (N, 1) or None
 RowTop = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, "Tensor | None"]]
+
+
+def next_log_probs(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
+    """Log-softmax in float32, with ``banned_ids`` (e.g. PAD, BOS) set to -inf afterwards (no renormalizing).
+
+    Args:
+        logits: (N, V).
+    Returns:
+        (N, V) float32 log-probabilities.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if banned_ids:
+        logp[:, list(banned_ids)] = float("-inf")
+    return logp
+
+
+def next_scores(logits: Tensor, banned_ids: Sequence[int] = ()) -> Tensor:
+    """The logits in float32 with ``banned_ids`` set to -inf (a new tensor when any are banned): what a search
+    that ignores a per-row shift (greedy, sampling) needs from :func:`next_log_probs`, without its log-softmax.
+
+    Args:
+        logits: (N, V).
+    Returns:
+        (N, V) float32 scores.
+    """
+    scores = logits.float()
+    if banned_ids:
+        banned = torch.tensor(list(banned_ids), dtype=torch.long, device=scores.device)
+        scores = scores.index_fill(1, banned, float("-inf"))
+    return scores
 
 
 class LMHead(nn.Module):
@@ -47,7 +77,7 @@ class LMHead(nn.Module):
         return self.proj(h * self.scale if self.scale != 1.0 else h)
 
     def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
-        """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.train.losses.label_smoothed_nll`), or
+        """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.models.losses.label_smoothed_nll`), or
         the ``loss_kernel`` where one is set (it declines with None, e.g. for a biased output layer).
 
         Args:

@@ -223,5 +223,6 @@ class TransformerStack(nn.Module):
             x = self.embed_norm(x)
         # angles in fp32, cos/sin in the hidden states' dtype (fp32 under autocast, bf16 in a bf16 model)
         rotary = self.rotary(positions, x.dtype) if self.rotary is not None else None
-        x = self.dropout(x)
+        if self.training:
+            x = self.dropout(x)
         return x, mask, bias, rotary, is_causal, memory_mask

@@ -48,3 +48,53 @@ def forward_flops_per_token(c: ModelConfig, src_len: int = 0, tgt_len: int = 0) 
     dec = (2 * c.n_layers * _layer_matmul_params(c, True) + 2 * c.n_layers * tgt_len * d
            + 4 * c.n_layers * src_len * d + head)
     return dec + enc * (src_len / max(tgt_len, 1))
+
+
+def estimated_parameters(c: ModelConfig) -> int:
+    """About how many parameters :func:`aiayn.models.build.build_model` makes of ``c``, counted from the config alone
+    (no tensor is allocated, however large the config): the layers' matrices (every expert of a mixture), the
+    embeddings, learned positions and an untied output layer; norms and biases are left out."""
+    d = c.d_model
+    layer_ffn = d * c.d_ff * (3 if c.activation in ("swiglu", "geglu") else 2)
+    if c.ffn == "moe":
+        layer_ffn = d * c.n_experts + c.n_experts * layer_ffn
+    attn = d * (c.n_heads * c.head_dim) * 2 + d * (c.kv_heads * c.head_dim) * 2
+    total = c.vocab_size * d + (c.max_len * d if c.position == "learned" else 0)
+    if c.arch in ("decoder", "encoder-decoder"):
+        total += c.n_layers * (attn * (2 if c.arch == "encoder-decoder" else 1) + layer_ffn)
+        total += 0 if c.tie_embeddings else c.target_vocab_size * d
+        if c.arch == "encoder-decoder" and not c.share_src_tgt_embeddings:
+            total += c.target_vocab_size * d
+    if c.arch in ("encoder", "encoder-decoder"):
+        total += c.encoder_layers * (attn + layer_ffn)
+    return total
+
+
+def memory_bytes(need: int = 0) -> int:
+    """The memory of this machine a model may use: its RAM, plus the first GPU's memory when ``need`` bytes are more
+    than the RAM and there is a GPU (asked only then, so that a check that passes never starts CUDA)."""
+    import os
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 2**62
+    if need <= ram:
+        return ram
+    import torch
+
+    return ram + (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0)
+
+
+def size_problem(c: ModelConfig, bytes_per_parameter: int, purpose: str) -> str | None:
+    """``d_model=...: ...`` when a model of ``c`` cannot fit in this machine's memory (:func:`memory_bytes`) at
+    ``bytes_per_parameter`` (4 to decode in float32; 16 to train with Adam: weights, gradients, two moments), else
+    None. Only sizes beyond the machine are refused: the check is against a typo (``d_ff = 30720000``), not a budget.
+    """
+    n = estimated_parameters(c)
+    need = n * bytes_per_parameter
+    have = memory_bytes(need)
+    if need <= have:
+        return None
+    keys = ["d_model", "d_ff", "n_layers", *(["n_encoder_layers"] if c.arch == "encoder-decoder" else []), "max_len",
+            *(["n_experts"] if c.ffn == "moe" else [])]
+    sizes = ", ".join(f"{k}={c.encoder_layers if k == 'n_encoder_layers' else getattr(c, k)}" for k in keys)
+    return (f"{sizes}: about {n:.3g} parameters, {need / 2**30:,.0f} GiB to {purpose}, more than this machine's "
+            f"{have / 2**30:,.0f} GiB; make the model smaller")

@@ -64,11 +64,12 @@ class FeedForward(nn.Module):
         linear layer), the product applies it in the same call.
         """
         if self.fusable is not None and self.fusable in getattr(self.w_in, "fused_activations", ()):
-            return self.w_out(self.dropout(self.w_in(x, activation=self.fusable)))
+            h = self.w_in(x, activation=self.fusable)
+            return self.w_out(self.dropout(h) if self.training else h)
         h = self.w_in(x)  # (B, T, d_ff), or (B, T, 2*d_ff) gated
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
             h = self.act(gate) * up
         else:
             h = self.act(h)
-        return self.w_out(self.dropout(h))
+        return self.w_out(self.dropout(h) if self.training else h)

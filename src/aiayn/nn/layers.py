@@ -38,7 +38,8 @@ class Residual(nn.Module):
 
     def exit(self, x: Tensor, y: Tensor) -> Tensor:
         """Layer input x and sublayer output y, both (B, T, D) -> the residual sum (normalized for post-LN)."""
-        y = self.dropout(y)
+        if self.training:  # nothing to drop at inference: no call at all on a decoding step's hot path
+            y = self.dropout(y)
         if self.pre:
             return x + y
         return self.norm(x + y if self.alpha == 1.0 else self.alpha * x + y)

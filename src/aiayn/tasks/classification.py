@@ -14,6 +14,8 @@ import torch
 from aiayn.data.classification import LabeledData, collate_classification, load_labeled_text
 from aiayn.errors import AiaynError
 from aiayn.evaluate.classification import accuracy, precision_recall_f1
+from aiayn.evaluate.predict import encode_for_classifier, predict_proba
+from aiayn.models.losses import label_smoothed_nll
 from aiayn.tasks.mlm import (
     TOKENIZER_DEFAULTS,
     TOKENIZER_FILE,
@@ -21,20 +23,12 @@ from aiayn.tasks.mlm import (
     epoch_batches,
     split_off,
 )
-from aiayn.tokenize import Tokenizer
-from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
     "train": None, "valid": None, "val_fraction": 0.1, "text_column": None, "label_column": None,
     "max_len": 128, "batch_size": 32, "batch_tokens": None, "eval_batch_size": 128, "label_names": None,
 }
-
-
-def display_labels(meta: dict[str, Any]) -> list[str]:
-    """How a classification checkpoint's classes are shown: ``label_names`` from its ``config.json`` (the
-    recipe's ``[data] label_names``), else the labels as the training file writes them (``labels``)."""
-    return list(meta.get("label_names") or meta["labels"])
 
 
 def name_labels(labels: Sequence[str], names: Any, where: str) -> list[str] | None:
@@ -69,28 +63,6 @@ def name_labels(labels: Sequence[str], names: Any, where: str) -> list[str] | No
         raise AiaynError(f"{where}: [data] label_names must give each label a different, non-empty name without "
                          f"tabs or line breaks; got {out}")
     return out
-
-
-def encode_for_classifier(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text followed by EOS (the collator prepends BOS, the CLS token, and cuts to
-    ``max_len``): ``[BOS] tokens [EOS]``, as in masked-LM pretraining."""
-    return [ids + [tok.eos_id] for ids in tok.encode_batch(list(texts))]
-
-
-@torch.no_grad()
-def predict_proba(model: torch.nn.Module, tok: Tokenizer, texts: Sequence[str], max_len: int,
-                  batch_size: int = 128) -> torch.Tensor:
-    """Class probabilities (N, C) of texts, in their order, from an encoder with a classification head."""
-    model.eval()
-    device = next(model.parameters()).device
-    ids = encode_for_classifier(tok, texts)
-    out = []
-    for i in range(0, len(ids), batch_size):
-        chunk = ids[i:i + batch_size]
-        b = collate_classification(chunk, [0] * len(chunk), tok.pad_id, max_len, cls_id=tok.bos_id)
-        logits = model(b.input_ids.to(device), b.attention_mask.to(device), task="classify").logits  # (b, C)
-        out.append(logits.float().softmax(-1).cpu())
-    return torch.cat(out) if out else torch.zeros(0, model.config.n_classes)
 
 
 class ClassificationTask:

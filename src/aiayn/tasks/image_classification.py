@@ -29,11 +29,11 @@ from aiayn.data.images import (
 from aiayn.errors import AiaynError
 from aiayn.evaluate.classification import accuracy, precision_recall_f1
 from aiayn.models.build import build_model
+from aiayn.models.losses import label_smoothed_nll
 from aiayn.tasks.classification import name_labels
 from aiayn.tasks.mlm import epoch_batches
 from aiayn.tasks.translation import build_model_config
 from aiayn.train.checkpoint import load_config
-from aiayn.train.losses import label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
 TASK = "image_classification"
@@ -284,7 +284,7 @@ def classify_files(pre: Any, listing: str | None, batch_size: int = 512) -> list
     Raises:
         AiaynError: an image the model cannot read, named by its input line and file.
     """
-    from aiayn.tasks.classification import display_labels
+    from aiayn.evaluate.predict import display_labels
 
     named = image_paths(listing)
     kept = [(i, image_input(pre, path, line)) for i, (line, path) in enumerate(named) if path is not None]

@@ -10,13 +10,12 @@ each epoch.
 
 BPE (and word) tokenizers collapse whitespace, which would erase line breaks; the task therefore
 writes each ``\\n`` as a visible symbol (``␤``) before tokenizing and turns it back on decoding
-(:class:`TextCodec`), so a BPE model of Shakespeare keeps its verse lines.
+(:class:`~aiayn.tokenize.text_codec.TextCodec`), so a BPE model of Shakespeare keeps its verse lines.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,10 @@ from aiayn.data.lm import RandomBlockSampler, load_text_corpus, split_text
 from aiayn.data.packing import PackedBlocks, pack_documents
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
+from aiayn.models.losses import IGNORE_INDEX
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
-from aiayn.train.losses import IGNORE_INDEX
+from aiayn.tokenize.text_codec import NEWLINE_SYMBOL, TextCodec, show_newlines
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -41,49 +41,6 @@ TOKENIZER_DEFAULTS: dict[str, Any] = {
     "path": None,
 }
 TOKENIZER_FILE = "tokenizer.json"
-NEWLINE_SYMBOL = "\u2424"  # "␤", SYMBOL FOR NEWLINE
-
-
-class TextCodec:
-    """A tokenizer plus the task's text conventions: text <-> ids for language modeling.
-
-    Args:
-        tokenizer: the trained tokenizer.
-        newline_symbol: when set, ``"\\n"`` is written as `` <symbol> `` before encoding and turned back
-            into ``"\\n"`` after decoding (for tokenizers that collapse whitespace, such as BPE). Spaces
-            next to a line break are not kept.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, newline_symbol: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.newline_symbol = newline_symbol
-        self._back = re.compile(f" ?{re.escape(newline_symbol)} ?") if newline_symbol else None
-
-    def prepare(self, text: str) -> str:
-        """The text as the tokenizer sees it (line breaks made visible when ``newline_symbol`` is set)."""
-        return show_newlines(text, self.newline_symbol)
-
-    def encode(self, text: str) -> list[int]:
-        """Text -> token ids (no BOS/EOS)."""
-        return self.tokenizer.encode(self.prepare(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Token ids -> text (special tokens dropped, line breaks restored)."""
-        text = self.tokenizer.decode(list(ids))
-        return self._back.sub("\n", text) if self._back else text
-
-    def start_ids(self) -> list[int]:
-        """What an empty prompt starts from: a line break when the vocabulary has one, else EOS (the
-        token that precedes a new document)."""
-        ids = self.encode("\n")
-        if ids and self.tokenizer.unk_id not in ids:
-            return ids
-        return [self.tokenizer.eos_id]
-
-
-def show_newlines(text: str, symbol: str | None) -> str:
-    """``text`` with each ``"\\n"`` written as `` symbol `` (unchanged when ``symbol`` is None)."""
-    return text.replace("\n", f" {symbol} ") if symbol else text
 
 
 def _documents(corpus: str | list[str]) -> list[str]:
@@ -298,11 +255,6 @@ def _spread(n: int, limit: int | None) -> torch.Tensor:
     if limit is None or limit >= n:
         return torch.arange(n)
     return torch.linspace(0, n - 1, max(int(limit), 1)).round().long()
-
-
-def codec_from_meta(tokenizer: Tokenizer, meta: dict[str, Any]) -> TextCodec:
-    """The :class:`TextCodec` of an ``lm`` checkpoint (its tokenizer and ``config.json`` entries)."""
-    return TextCodec(tokenizer, meta.get("newline_symbol"))
 
 
 def generate_text(model: torch.nn.Module, codec: TextCodec, prompts: Sequence[str], *, max_new_tokens: int,

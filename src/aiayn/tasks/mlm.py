@@ -22,11 +22,11 @@ from aiayn.data.mlm import mask_tokens
 from aiayn.data.text_io import read_lines
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
+from aiayn.models.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.tasks.finetune import init_from_name
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
-from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -46,7 +46,7 @@ def read_sentences(path: Path, text_column: str | int | None = None) -> list[str
     non-blank lines of a plain text file (``.gz`` allowed)."""
     suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
     if suffixes and suffixes[-1] in TABLE_SUFFIXES:
-        return load_labeled_text(path, text_column=text_column).texts
+        return load_labeled_text(path, text_column=text_column, texts_only=True).texts
     lines = [x.strip() for x in read_lines(path)]
     texts = [x for x in lines if x]
     if not texts:

@@ -13,6 +13,7 @@ import torch
 
 from aiayn.errors import AiaynError
 from aiayn.output_folder import check_run_folder
+from aiayn.tasks import recipe_checks  # noqa: F401 - registers every task's recipe checks
 from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train

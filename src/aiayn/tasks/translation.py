@@ -55,6 +55,24 @@ def _read_corpus(recipe: dict[str, Any], data: dict[str, Any], split: str):
     return corpus
 
 
+def _require_pairs(corpus: ParallelCorpus, what: str) -> None:
+    """Refuse a corpus with no usable pair: an empty file, or one whose every pair was dropped (empty sides, too
+    long) under the data policy; training on nothing would never finish an epoch.
+
+    Raises:
+        AiaynError: naming the file(s) and the fix.
+    """
+    if len(corpus):
+        return
+    files = " and ".join(corpus.files) if corpus.files else corpus.origin
+    if corpus.stats.get("read", 0) == 0:
+        empty = "the files are empty" if len(corpus.files) > 1 else "the file is empty"
+        raise AiaynError(f"{files}: {empty}; give the {what} data one sentence pair per line")
+    raise AiaynError(f"{files}: none of the {corpus.stats['read']} {what} pairs can be used "
+                     f"({corpus.stats.get('skipped_empty', 0)} with an empty side, "
+                     f"{corpus.stats.get('skipped_long', 0)} too long); give pairs with text on both sides")
+
+
 class TranslationTask:
     """Everything translation training needs, built from a recipe (see ``recipes/multi30k-en-de.toml``).
 
@@ -87,6 +105,9 @@ class TranslationTask:
                 raise AiaynError(f"{recipe.get('_path', 'recipe')}: [data] needs train_src and train_tgt "
                                  "(or train_tsv)")
             va = _read_corpus(recipe, self.data, "valid")
+            _require_pairs(tr, "training")
+            if va is not None:
+                _require_pairs(va, "validation")
             train = (tr.src, tr.tgt)
             valid = (va.src, va.tgt) if va is not None else ([], [])
             corpora = {"training": tr, "validation": va}
@@ -136,8 +157,16 @@ class TranslationTask:
 
         self.limit = min(self.data["max_tokens_per_side"], self.model_config.max_len) - 1  # room for BOS/EOS
         self.train_ids, kept = self._encode(train, self.limit, "training", corpora.get("training"))
+        if not kept:  # an epoch of no batches would loop for ever
+            raise AiaynError(f"{corpora['training'].origin if corpora.get('training') else 'the training data'}: "
+                             f"every pair is longer than {self.limit} tokens a side; raise data.max_tokens_per_side "
+                             "and model.max_len, or give shorter pairs")
         self.valid_ids = (self._encode(valid, self.limit, "validation", corpora.get("validation"))[0]
                           if valid[0] else ([], []))
+        if valid[0] and not self.valid_ids[0]:  # validation on nothing would score NaN at every evaluation
+            raise AiaynError(f"{corpora['validation'].origin if corpora.get('validation') else 'the validation data'}"
+                             f": every pair is longer than {self.limit} tokens a side; raise data.max_tokens_per_side "
+                             "and model.max_len, or give shorter pairs")
         self.lengths = [(len(s), len(t) + 1) for s, t in zip(*self.train_ids)]
         self._dropout = self._prepare_bpe_dropout(train, kept)
 

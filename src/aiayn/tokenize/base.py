@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aiayn.checkpoint_layout import recovered_file
 from aiayn.errors import AiaynError, where
 from aiayn.files import atomic_write_text
 
@@ -217,8 +218,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """
     path = Path(path)
     if not path.is_file():  # a file of a checkpoint whose save was cut short: the previous copy, <dir>.old
-        from aiayn.train.checkpoint import recovered_file
-
         path = recovered_file(path)
     try:
         text = path.read_text(encoding="utf-8")

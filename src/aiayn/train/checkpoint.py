@@ -32,8 +32,10 @@ This module is the API; the code lives in:
 
 - :mod:`aiayn.train.checkpoint_save`: serializing and saving (:func:`save_checkpoint`).
 - :mod:`aiayn.train.checkpoint_load`: reading weights, config and training state back.
-- :mod:`aiayn.train.checkpoint_files`: the file names, the manifest, completeness, the two renames of a
-  save and the recovery after one cut short (:func:`checkpoint_dir`, :func:`recover_checkpoint`).
+- :mod:`aiayn.checkpoint_layout`: the file names, the manifest, completeness, where a cut-short save left the
+  checkpoint (:func:`checkpoint_dir`, :func:`recovered_file`); below every package that reads checkpoints.
+- :mod:`aiayn.train.checkpoint_files`: writing a checkpoint with its manifest, the two renames of a save and the
+  recovery after one cut short (:func:`recover_checkpoint`).
 - :mod:`aiayn.train.checkpoint_sets`: averaging checkpoints, listing and pruning a run's checkpoints.
 - :mod:`aiayn.train.rng_state`: the RNG states a training state holds.
 - :mod:`aiayn.train.disk`: fsynced writes, hidden temporary and trash folders, sweeping the leftovers of
@@ -42,7 +44,7 @@ This module is the API; the code lives in:
 
 from __future__ import annotations
 
-from aiayn.train.checkpoint_files import (
+from aiayn.checkpoint_layout import (
     ALIASES_KEY,
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -51,9 +53,9 @@ from aiayn.train.checkpoint_files import (
     STATE_FILE,
     checkpoint_dir,
     checkpoint_file,
-    recover_checkpoint,
     recovered_file,
 )
+from aiayn.train.checkpoint_files import recover_checkpoint
 from aiayn.train.checkpoint_load import load_config, load_model_state, load_training_state, read_state_dict
 from aiayn.train.checkpoint_save import TokenizerWriter, save_checkpoint
 from aiayn.train.checkpoint_sets import average_checkpoints, keep_last, periodic_checkpoints, write_average

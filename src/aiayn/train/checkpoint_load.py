@@ -1,6 +1,6 @@
 """Reading a checkpoint: weights (tied names restored), config and training state, each checked first.
 
-Every reader resolves the directory with :func:`~aiayn.train.checkpoint_files.checkpoint_dir` (a save cut
+Every reader resolves the directory with :func:`~aiayn.checkpoint_layout.checkpoint_dir` (a save cut
 short between its renames leaves the checkpoint at ``<name>.old``) and checks each file against the
 manifest. Nothing is unpickled: weights are safetensors, the config is JSON, and the training state is
 read with ``torch.load(weights_only=True)``.
@@ -17,15 +17,8 @@ import safetensors
 import torch
 from torch import nn
 
+from aiayn.checkpoint_layout import ALIASES_KEY, CONFIG_FILE, MODEL_FILE, STATE_FILE, checkpoint_dir, verify
 from aiayn.errors import AiaynError
-from aiayn.train.checkpoint_files import (
-    ALIASES_KEY,
-    CONFIG_FILE,
-    MODEL_FILE,
-    STATE_FILE,
-    checkpoint_dir,
-    verify,
-)
 
 
 def first_non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:

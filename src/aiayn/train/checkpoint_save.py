@@ -19,21 +19,19 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from aiayn.errors import AiaynError
-from aiayn.output_folder import OutputFolder, merge_into
-from aiayn.train.checkpoint_files import (
+from aiayn.checkpoint_layout import (
     ALIASES_KEY,
     CONFIG_FILE,
     FORMAT_VERSION,
     MODEL_FILE,
     OWN_FILES,
     STATE_FILE,
-    check_target,
-    commit,
     holds_checkpoint,
     old_path,
-    write_tmp,
 )
+from aiayn.errors import AiaynError
+from aiayn.output_folder import OutputFolder, merge_into
+from aiayn.train.checkpoint_files import check_target, commit, write_tmp
 from aiayn.train.checkpoint_load import first_non_finite
 from aiayn.train.disk import describe_os_error, error_path, remove_tree, side_name, sweep, trash, writing
 from aiayn.train.rng_state import capture_rng

@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from aiayn.checkpoint_layout import OWN_FILES, verify
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import CONFIG_FILE, checkpoint_dir, load_config, save_checkpoint
-from aiayn.train.checkpoint_files import OWN_FILES, verify
 
 DCP_DIR = "dcp"
 

@@ -16,6 +16,12 @@ Both engines average gradients over the ranks; the trainer's losses are sums div
 whole step, so :meth:`Parallel.loss_scale` multiplies each rank's loss by the world size and the average becomes
 the sum a single process accumulating every micro-batch would get.
 
+:class:`Parallel` is the trainer's whole view of the engine (``single`` for one process): the micro-batch context
+(gradients synchronized after the last micro-batch of a step only), the gradient norm over every rank's shard, the
+loss scale, sums over the ranks, every rank's RNG state gathered for a checkpoint, and the module rank 0 evaluates
+and saves (:attr:`Parallel.weights`: the model itself, or under FSDP a whole copy that :meth:`Parallel.refresh_weights`
+fills from the shards). :func:`parallelize` builds it for a run.
+
 :func:`prepare_model` applies the single-model options first: activation checkpointing of every layer
 (``train.activation_checkpointing``, recomputed in backward with the same dropout masks) and ``torch.compile``
 of every layer and of the loss (``train.compile``).
@@ -24,6 +30,7 @@ of every layer and of the loss (``train.compile``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,8 +43,10 @@ from torch.utils.checkpoint import checkpoint
 from aiayn.errors import AiaynError
 from aiayn.nn.layers import TransformerLayer
 from aiayn.nn.moe import moe_loss
-from aiayn.train.distributed import Ranks
-from aiayn.train.train_config import PARALLELS
+from aiayn.train.dcp_checkpoint import full_model_state
+from aiayn.train.distributed import Ranks, all_sum
+from aiayn.train.rng_state import capture_rng
+from aiayn.train.train_config import PARALLELS, TrainConfig
 
 
 class TaskLoss(nn.Module):
@@ -125,17 +134,31 @@ def prepare_model(model: nn.Module, activation_checkpointing: bool, compile_mode
 
 @dataclass
 class Parallel:
-    """How the trainer runs one step's forward and backward passes on this rank.
+    """The parallel strategy of a run: how this rank runs a step's forward and backward passes, combines its
+    gradients and numbers with the other ranks, and what rank 0 evaluates and saves.
 
     Attributes:
         loss_module: call it as ``loss_module(batch, label_smoothing)`` (see :class:`TaskLoss`).
         kind: ``"single"``, ``"ddp"`` or ``"fsdp"``.
         ranks: this process's place in the run.
+        model: the task's model (under FSDP its parameters are this rank's shards).
+        moe_weights: a mixture-of-experts model's (load-balancing, z-loss) weights, else None.
+        weights: what rank 0 evaluates and saves: ``model``, or under FSDP a whole copy (:meth:`refresh_weights`).
+        on_cpu: the model trains on the CPU (rank 0 then borrows the cores of the ranks waiting for it,
+            :meth:`alone`).
     """
 
     loss_module: nn.Module
     kind: str
     ranks: Ranks
+    model: nn.Module | None = None
+    moe_weights: tuple[float, float] | None = None
+    weights: nn.Module | None = None
+    on_cpu: bool = False
+
+    def __post_init__(self) -> None:
+        if self.weights is None:
+            self.weights = self.model
 
     @property
     def sharded(self) -> bool:
@@ -171,6 +194,75 @@ class Parallel:
             torch.nn.utils.clip_grads_with_norm_(params, clip_norm, total)
         return float(total)
 
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        """``values`` summed over every rank (one all-reduce; the values themselves for one process)."""
+        return all_sum(values, self.ranks)
+
+    def gather_rng(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG state, in rank order, for ``last/``; None for one process (whose state the checkpoint
+        takes itself). A collective: every rank calls it at the same steps."""
+        return self.ranks.all_gather(capture_rng()) if self.ranks.world > 1 else None
+
+    def refresh_weights(self) -> None:
+        """Under FSDP, gather the shards into rank 0's whole copy (a collective: every rank calls it); else
+        nothing, since ``weights`` is the model."""
+        if self.sharded:
+            full = full_model_state(self.model)
+            if self.ranks.main:
+                self.weights.load_state_dict(full)
+
+    @contextlib.contextmanager
+    def evaluating(self, task: Any) -> Iterator[None]:
+        """While rank 0 evaluates or averages: ``task.model`` is :attr:`weights` (under FSDP, the whole copy)."""
+        model = task.model
+        task.model = self.weights
+        try:
+            yield
+        finally:
+            task.model = model
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """While rank 0 evaluates or saves alone, let it use the threads of the ranks waiting on its machine."""
+        if self.ranks.local_world == 1 or not self.on_cpu or not self.ranks.main:
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(before * self.ranks.local_world)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+
+def moe_weights(model: nn.Module) -> tuple[float, float] | None:
+    """The (load-balancing, z-loss) weights of a mixture-of-experts model (``ffn="moe"``), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "ffn", "dense") != "moe":
+        return None
+    return config.moe_aux_loss_weight, config.moe_z_loss_weight
+
+
+def parallelize(task: Any, kind: str, ranks: Ranks, cfg: TrainConfig, *, on_cpu: bool) -> Parallel:
+    """The parallel strategy of a run: rank 0 of an FSDP run copies the whole model first (its :attr:`~Parallel.
+    weights`), then :func:`prepare_model` applies ``train.activation_checkpointing`` and ``train.compile`` and
+    :func:`wrap` the engine. Call it once ``task.model`` holds the weights every rank starts from, and before
+    building the optimizer.
+
+    Args:
+        task: the task, whose ``model`` is wrapped and whose ``loss`` the strategy calls.
+        kind: ``"single"``, ``"ddp"`` or ``"fsdp"`` (:func:`resolve_parallel`).
+        ranks: this process's ranks.
+        cfg: the run's settings (dtype, FSDP CPU offload, activation checkpointing, compile).
+        on_cpu: the model trains on the CPU.
+    """
+    model = task.model
+    weights = copy.deepcopy(model) if kind == "fsdp" and ranks.main else model
+    prepare_model(model, cfg.activation_checkpointing, cfg.compile)
+    par = wrap(task, kind, ranks, dtype=cfg.dtype, cpu_offload=cfg.fsdp_cpu_offload, moe_weights=moe_weights(model))
+    par.weights, par.on_cpu = weights, on_cpu
+    return par
+
 
 def resolve_parallel(setting: str | None, world: int) -> str:
     """The engine of a run: ``"single"`` for one process, else ``train.parallel`` (default ``"ddp"``)."""
@@ -196,9 +288,9 @@ def wrap(task: Any, kind: str, ranks: Ranks, *, dtype: str = "float32", cpu_offl
         AiaynError: ``cpu_offload`` on a model that is already on the CPU.
     """
     module = TaskLoss(task, moe_weights)
-    if kind == "single":
-        return Parallel(module, kind, ranks)
     model = task.model
+    if kind == "single":
+        return Parallel(module, kind, ranks, model, moe_weights)
     device = next(model.parameters()).device
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -207,7 +299,7 @@ def wrap(task: Any, kind: str, ranks: Ranks, *, dtype: str = "float32", cpu_offl
         unused = getattr(model.config, "arch", "") == "encoder" or getattr(model.config, "ffn", "") == "moe"
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
                                       broadcast_buffers=False, find_unused_parameters=unused)
-        return Parallel(ddp, kind, ranks)
+        return Parallel(ddp, kind, ranks, model, moe_weights)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if cpu_offload and device.type == "cpu":
@@ -221,4 +313,4 @@ def wrap(task: Any, kind: str, ranks: Ranks, *, dtype: str = "float32", cpu_offl
     for layer in layers(model):
         fully_shard(layer, **options)
     fully_shard(module, **options)  # the root: embeddings, final norms, output layer
-    return Parallel(module, kind, ranks)
+    return Parallel(module, kind, ranks, model, moe_weights)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 
 from aiayn import accel
-from aiayn.config import type_problems, unknown_key
 from aiayn.errors import AiaynError
+from aiayn.train.optim import OPTIMIZERS
+from aiayn.train.schedules import SCHEDULES
+from aiayn.validation import Problems, Rule, above, at_least, choice, dataclass_types, rule, within
 
 PARALLELS = ("ddp", "fsdp")  # aiayn.train.parallel's engines
 
@@ -62,96 +62,51 @@ class TrainConfig:
         if problems:
             raise AiaynError("invalid [train] settings:\n  - " + "\n  - ".join(problems))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain data (tuples as lists), as a training state saves them."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
     def problems(self) -> list[str]:
-        """Every problem with these settings, each as ``key=value: problem; fix`` (empty when valid)."""
-        from aiayn.train.optim import OPTIMIZERS
-        from aiayn.train.schedules import SCHEDULES
-
-        p = [x for x in type_problems(self) if not x.startswith("freeze=")]
-        if self.freeze is not None and (not isinstance(self.freeze, (list, tuple))
-                                        or not all(isinstance(x, str) and x for x in self.freeze)):
-            p.append(f"freeze={self.freeze!r}: must be a list of parameter-name patterns, e.g. freeze = "
-                     '["encoder.*", "*.embed.*"]')
-        typed = {m.split("=", 1)[0] for m in p}  # keys whose value has the wrong type: no further rules
-
-        def rule(name: str, good: Callable[[Any], bool], problem: str) -> None:
-            value = getattr(self, name)
-            if name not in typed and not good(value):
-                p.append(f"{name}={value!r}: {problem}")
-
-        def bad(name: str, problem: str) -> None:
-            p.append(f"{name}={getattr(self, name)!r}: {problem}")
-
-        def at_least(name: str, low: int, unset: str | None = None) -> None:
-            value = getattr(self, name)
-            if name not in typed and value is not None and value < low:
-                p.append(f"{name}={value!r}: must be >= {low}" + (f", or none ({unset})" if unset else ""))
-
-        def positive(name: str, unset: str | None = None) -> None:
-            value = getattr(self, name)
-            if name not in typed and value is not None and not (value > 0 and math.isfinite(value)):
-                p.append(f"{name}={value!r}: must be a finite number > 0" + (f", or none ({unset})" if unset else ""))
-
-        rule("out_dir", lambda v: bool(v.strip()), 'must name a directory, e.g. "runs/model"')
-        at_least("max_steps", 1)
-        positive("max_minutes", "no time limit")
-        rule("seed", lambda v: 0 <= v <= MAX_SEED, f"must be a whole number from 0 to {MAX_SEED}")
-        rule("optimizer", lambda v: v in OPTIMIZERS, f"unknown; choose one of {', '.join(OPTIMIZERS)}")
-        positive("lr")
-        rule("betas", lambda v: all(0 <= b < 1 for b in v), "each must be in [0, 1), e.g. [0.9, 0.98]")
-        positive("eps")
-        rule("weight_decay", lambda v: 0 <= v < math.inf, "must be a finite number >= 0")
-        if not typed & {"optimizer", "weight_decay"} and self.optimizer == "adam" and self.weight_decay > 0:
-            bad("weight_decay", "optimizer 'adam' would decay norms, biases and embeddings too; set "
-                                "optimizer = \"adamw\", or weight_decay = 0")
-        rule("schedule", lambda v: v in SCHEDULES, f"unknown; choose one of {', '.join(SCHEDULES)}")
-        at_least("warmup", 0)
-        if not typed & {"schedule", "warmup", "max_steps"}:
+        """Every problem with these settings, each as ``key=value: problem; fix`` (empty when valid): types from
+        the annotations, each setting's own rule (:data:`_RULES`), then the checks across settings."""
+        p = Problems(vars(self))
+        annotations, defaults = dataclass_types(self)
+        annotations.pop("freeze")  # a list of patterns: its rule checks it
+        p.check_types(annotations, defaults)
+        p.check_all(_RULES)
+        if p.ok("optimizer", "weight_decay") and self.optimizer == "adam" and self.weight_decay > 0:
+            p.add("weight_decay", "optimizer 'adam' would decay norms, biases and embeddings too; set "
+                                  "optimizer = \"adamw\", or weight_decay = 0")
+        if p.ok("schedule", "warmup", "max_steps"):
             if self.schedule == "inverse_sqrt_warmup" and self.warmup < 1:
-                bad("warmup", "schedule 'inverse_sqrt_warmup' needs warmup >= 1; raise warmup, or use "
-                              "schedule = \"constant_warmup\"")
+                p.add("warmup", "schedule 'inverse_sqrt_warmup' needs warmup >= 1; raise warmup, or use "
+                                "schedule = \"constant_warmup\"")
             if self.schedule == "warmup_cosine" and 0 <= self.warmup and self.warmup >= self.max_steps:
-                bad("warmup", f"schedule 'warmup_cosine' needs warmup below max_steps={self.max_steps} (the cosine "
-                              "ends at max_steps); lower warmup or raise max_steps")
-        rule("min_lr_ratio", lambda v: 0 <= v <= 1, "must be in [0, 1]")
-        at_least("accum", 1)
-        positive("clip_norm", "no clipping")
-        rule("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")
-        at_least("max_nonfinite_steps", 1)
-        at_least("eval_every", 1)
-        at_least("log_every", 1)
-        at_least("save_every", 1, "no periodic checkpoints")
-        at_least("keep_checkpoints", 0)
-        at_least("average_last", 0)
-        if not typed & {"average_last", "save_every"} and self.average_last > 0 and self.save_every is None:
-            bad("average_last", "averages the periodic checkpoints, but save_every is not set; set save_every, "
-                                "or average_last = 0")
-        rule("device", lambda v: device_problem(v) is None, "not a device; use auto, cpu, cuda, cuda:N or mps")
-        rule("dtype", lambda v: v in DTYPES, f"unknown; choose one of {', '.join(DTYPES)}")
-        at_least("threads", 1, "one per free core")
-        rule("accel", lambda v: v is None or v in accel.CHOICES,
-             f"unknown; choose one of {', '.join(accel.CHOICES)}")
-        rule("parallel", lambda v: v is None or v in PARALLELS,
-             f"unknown; choose one of {', '.join(PARALLELS)} (used when several processes train)")
-        if not typed & {"parallel", "fsdp_cpu_offload"} and self.fsdp_cpu_offload and self.parallel != "fsdp":
-            bad("fsdp_cpu_offload", 'offloads the shards of FSDP; set parallel = "fsdp", or fsdp_cpu_offload = false')
-        if not typed & {"parallel", "dtype"} and self.parallel == "fsdp" and self.dtype == "float16":
-            bad("dtype", 'float16 loss scaling is not sharded with FSDP; use dtype = "bfloat16" (no scaling needed), '
-                         'or parallel = "ddp"')
-        return p
+                p.add("warmup", f"schedule 'warmup_cosine' needs warmup below max_steps={self.max_steps} (the cosine "
+                                "ends at max_steps); lower warmup or raise max_steps")
+        if p.ok("average_last", "save_every") and self.average_last > 0 and self.save_every is None:
+            p.add("average_last", "averages the periodic checkpoints, but save_every is not set; set save_every, "
+                                  "or average_last = 0")
+        if p.ok("parallel", "fsdp_cpu_offload") and self.fsdp_cpu_offload and self.parallel != "fsdp":
+            p.add("fsdp_cpu_offload", 'offloads the shards of FSDP; set parallel = "fsdp", or fsdp_cpu_offload = false')
+        if p.ok("parallel", "dtype") and self.parallel == "fsdp" and self.dtype == "float16":
+            p.add("dtype", 'float16 loss scaling is not sharded with FSDP; use dtype = "bfloat16" (no scaling needed), '
+                           'or parallel = "ddp"')
+        return p.lines
 
     @classmethod
     def check(cls, data: dict[str, Any]) -> list[str]:
         """The problems constructing ``TrainConfig(**data)`` would raise (unknown keys first), as a list of
         ``key=value: problem; fix``; nothing is built."""
         known = {f.name for f in fields(cls)}
-        p = [unknown_key(k, data[k], known) for k in data if k not in known]
+        unknown = Problems(data)
+        unknown.unknown(known)
         config = cls.__new__(cls)
         for f in fields(cls):  # settings that skipped __post_init__, so that their problems can be listed
             setattr(config, f.name, data.get(f.name, f.default))
         if isinstance(config.betas, list):
             config.betas = tuple(config.betas)  # type: ignore[assignment]
-        return p + config.problems()
+        return unknown.lines + config.problems()
 
 
 def device_problem(name: Any) -> str | None:
@@ -163,3 +118,36 @@ def device_problem(name: Any) -> str | None:
     except (RuntimeError, ValueError):
         return "not a device; use auto, cpu, cuda, cuda:N or mps"
     return None
+
+
+#: each setting's own rule (its type comes from its annotation); TrainConfig.problems adds the checks across settings
+_RULES: dict[str, Rule] = {
+    "out_dir": rule(lambda v: bool(v.strip()), 'must name a directory, e.g. "runs/model"'),
+    "max_steps": at_least(1),
+    "max_minutes": above(0, finite=True, unset="none (no time limit)"),
+    "seed": rule(lambda v: 0 <= v <= MAX_SEED, f"must be a whole number from 0 to {MAX_SEED}"),
+    "optimizer": choice(OPTIMIZERS),
+    "lr": above(0, finite=True),
+    "betas": rule(lambda v: all(0 <= b < 1 for b in v), "each must be in [0, 1), e.g. [0.9, 0.98]"),
+    "eps": above(0, finite=True),
+    "weight_decay": at_least(0, finite=True),
+    "schedule": choice(SCHEDULES),
+    "warmup": at_least(0),
+    "min_lr_ratio": within(0, 1, closed_high=True),
+    "accum": at_least(1),
+    "clip_norm": above(0, finite=True, unset="none (no clipping)"),
+    "label_smoothing": within(0, 1),
+    "max_nonfinite_steps": at_least(1),
+    "eval_every": at_least(1),
+    "log_every": at_least(1),
+    "save_every": at_least(1, unset="none (no periodic checkpoints)"),
+    "keep_checkpoints": at_least(0),
+    "average_last": at_least(0),
+    "device": rule(lambda v: device_problem(v) is None, "not a device; use auto, cpu, cuda, cuda:N or mps"),
+    "dtype": choice(DTYPES),
+    "threads": at_least(1, unset="none (one per free core)"),
+    "accel": choice(accel.CHOICES, optional=True),
+    "parallel": choice(PARALLELS, optional=True, note=" (used when several processes train)"),
+    "freeze": rule(lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v)),
+                   'must be a list of parameter-name patterns, e.g. freeze = ["encoder.*", "*.embed.*"]'),
+}
