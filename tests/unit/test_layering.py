@@ -29,12 +29,12 @@ LADDER: tuple[tuple[str, ...], ...] = (
     ("aiayn.config", "aiayn.output_folder", "aiayn.checkpoint_layout"),
     ("aiayn.nn",),
     ("aiayn.models",),
+    ("aiayn.accel",),  # kernels for the core's seams: it imports nn and models only
     ("aiayn",),  # the facade: ModelConfig, build_model, ...
     ("aiayn.tokenize",),
     ("aiayn.data", "aiayn.viz"),
     ("aiayn.generate",),
     ("aiayn.train",),
-    ("aiayn.accel",),
     ("aiayn.pretrained",),
     ("aiayn.evaluate",),
     ("aiayn.tasks",),

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from aiayn.accel.cpu import native
 from aiayn.accel.cpu.gemm import mm_nt, weight_gradient
-from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
+from aiayn.models.losses import IGNORE_INDEX, label_smoothed_nll
 
 #: logits elements per chunk on accelerators (float32: 256 MB): few, large kernels
 CHUNK_ELEMENTS = 1 << 26

@@ -91,7 +91,7 @@ from aiayn.accel.cpu import native
 from aiayn.accel.cpu.packed import onednn_bf16_available, pack_weight, packed_linear, weight_state
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.accel.cpu.topk import row_argmax
-from aiayn.generate.common import next_scores
+from aiayn.models.heads import next_scores
 
 #: rows -> the fewest output-layer weights (vocabulary x width) worth an fp16 screen; fp16's CPU product costs a
 #: weight pass per row, so a second row needs a larger layer, and more rows never pay (see the module docstring)
