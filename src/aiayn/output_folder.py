@@ -24,7 +24,6 @@ holding only what training runs write there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
+from aiayn.files import fsync_dir, sha256_of
 
 CHECKPOINT = "aiayn checkpoint"
 TRANSFORMERS = "transformers folder"
@@ -207,14 +207,6 @@ def as_umask_allows(file: str | os.PathLike) -> None:
     os.chmod(file, 0o666 & ~umask())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(tmp: Path) -> list[str]:
     """The files under ``tmp`` as relative POSIX paths, sorted."""
     return sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
@@ -222,23 +214,10 @@ def _files(tmp: Path) -> list[str]:
 
 def write_marker(tmp: Path, kind: str) -> None:
     """Write ``aiayn-output.json`` into ``tmp``: the kind of output and the size and SHA-256 of every file in it."""
-    files = {name: {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+    files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_of(tmp / name)}
              for name in _files(tmp) if name != MARKER}
     data = {"aiayn_output": kind, "format_version": MARKER_VERSION, "files": files}
     (tmp / MARKER).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def merge_into(tmp: Path, folder: OutputFolder) -> None:
@@ -274,7 +253,7 @@ def merge_into(tmp: Path, folder: OutputFolder) -> None:
             continue
         if stale.is_symlink() or not stale.is_file():
             continue
-        if stale.stat().st_size == entry.get("size") and _sha256(stale) == entry.get("sha256"):
+        if stale.stat().st_size == entry.get("size") and sha256_of(stale) == entry.get("sha256"):
             stale.unlink()
             for parent in stale.relative_to(out).parents[:-1]:
                 try:
@@ -283,7 +262,7 @@ def merge_into(tmp: Path, folder: OutputFolder) -> None:
                     break
     if (tmp / marker).is_file():
         os.replace(tmp / marker, out / marker)
-    _fsync_dir(out)
+    fsync_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -314,7 +293,7 @@ def install(tmp: Path, folder: OutputFolder) -> Path:
                 os.rename(trash, out)
                 raise
             shutil.rmtree(trash, ignore_errors=True)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except OSError as e:
         raise AiaynError(f"{out}: cannot write the {folder.kind} ({e.strerror or e}); check the disk space and "
                          "permissions (nothing else in the folder was changed)") from e

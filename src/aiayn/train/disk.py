@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from aiayn.files import fsync_dir  # noqa: F401  (re-exported for the checkpoint writers)
+
 STALE_AFTER_S = 24 * 3600  # leftovers of a save on another host are deleted after this long
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # no "-": it separates name parts
 
@@ -60,20 +62,6 @@ def error_path(e: OSError, default: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------ files and folders
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory (best effort: not supported by every file system)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def fsync_file(path: Path) -> None:
