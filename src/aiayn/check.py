@@ -341,8 +341,8 @@ def kernels_in_use(model: nn.Module, accel_setting: str | None = None) -> dict[s
 
 
 def _reference_copy(model: nn.Module) -> nn.Module:
-    """A reference-core copy of ``model`` with the same weights: the accelerator's substitutes and layouts undone
-    (built anew from the config, then the state dict loaded)."""
+    """A reference-core copy of ``model`` with the same weights: the accelerator's kernels, packed layers and layouts
+    undone (built anew from the config, then the state dict loaded)."""
     from aiayn.models.build import build_model
 
     ref = build_model(model.config, init=False).to(next(model.parameters()).device)

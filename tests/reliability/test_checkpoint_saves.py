@@ -280,10 +280,29 @@ def test_a_disk_that_fills_up_mid_file(tmp_path: Path, tok_file: Path, monkeypat
         return n
 
     monkeypatch.setattr(os, "write", write)
-    with pytest.raises(AiaynError, match="no space left on device; cannot save the checkpoint .*last: free space"):
+    with pytest.raises(AiaynError, match="no space left on device; cannot save the checkpoint .*last: free space"
+                                         r".*\(a previous checkpoint there is unchanged and still loads\)"):
         _save(target, 1, tok_file)
     monkeypatch.undo()
     assert _loaded_version(target) == 0 and sorted(os.listdir(target.parent)) == ["last"]
+
+
+def test_a_first_save_on_a_full_disk_says_there_was_no_checkpoint(tmp_path: Path, tok_file: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "run" / "last"
+    real = os.write
+
+    def write(fd: int, data) -> int:
+        if fd <= 2:
+            return real(fd, data)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(AiaynError, match=r"no space left on device.*\(no checkpoint was there before, and none is "
+                                         r"left half-written\)") as info:
+        _save(target, 0, tok_file)
+    monkeypatch.undo()
+    assert "unchanged" not in str(info.value) and not target.exists()
 
 
 def test_out_dir_that_is_a_file(tmp_path: Path, tok_file: Path) -> None:

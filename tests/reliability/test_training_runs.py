@@ -265,6 +265,18 @@ def test_an_unreadable_checkpoint_file_is_one_message_on_resume_and_generate(
         assert f"{last / name}: cannot read" in err and "Permission denied" in err, err
 
 
+def test_an_out_dir_under_a_file_names_the_file(recipe_file: Path, capsys: pytest.CaptureFixture) -> None:
+    from aiayn.cli.main import main
+
+    blocker = recipe_file.parent / "a" / "file"
+    blocker.parent.mkdir()
+    blocker.write_text("mine\n")
+    assert main(["train", str(recipe_file), f"train.out_dir={blocker / 'sub'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {blocker}: is a file, not a folder" in err and "Traceback" not in err
+    assert blocker.read_text() == "mine\n"
+
+
 def test_an_edited_tokenizer_file_is_refused_by_its_checksum(trained_run: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture) -> None:
     from aiayn.cli.main import main
@@ -488,6 +500,7 @@ def test_the_cli_says_how_to_continue_after_an_interrupt(recipe_file: Path, monk
     monkeypatch.setattr(trainer, "_grad_norm", interrupted)
     assert main(["train", str(recipe_file), "train.lr=0.002"]) == 130
     said = _said(capsys)
+    assert f"{recipe_file}: reading the data, preparing the tokenizer and the lm model" in said  # start-up is said
     assert "last saved: step 2" in said
     assert f"continue with: aiayn train {recipe_file} train.lr=0.002 --resume" in said
 
