@@ -97,13 +97,6 @@ def setup_process(accel: str | None = None) -> bool:
     return allocator.keep_freed_memory()
 
 
-def process_is_set_up() -> bool:
-    """Whether :func:`setup_process` applied in this process (training workers repeat what their launcher did)."""
-    from aiayn.accel.cpu import allocator
-
-    return allocator.keeps_freed_memory()
-
-
 def release_workspace() -> None:
     """Free the accelerator's per-thread training buffers (the fused loss's), e.g. when training ends; they are made
     again on next use."""

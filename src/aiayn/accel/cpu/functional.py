@@ -152,13 +152,3 @@ def set_kernels(model: nn.Module, decoding: bool) -> nn.Module:
                 m.greedy_kernel = ScreenedGreedy(m)
                 m.row_top_kernel = native_row_top
     return model
-
-
-def clear_kernels(model: nn.Module) -> nn.Module:
-    """Empty every seam :func:`set_kernels` fills, in place (the reference's kernels); returns ``model``."""
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.attention_kernel = None
-        elif isinstance(m, LMHead):
-            m.loss_kernel = m.greedy_kernel = m.row_top_kernel = None
-    return model

@@ -158,8 +158,3 @@ def start_trimming(libc: ctypes.CDLL, policy: TrimPolicy | None = None, every_s:
     _watcher = threading.Thread(target=watch, name="aiayn-memory-cap", daemon=True)
     _watcher.start()
     return True
-
-
-def trimming() -> bool:
-    """Whether the watcher runs in this process."""
-    return _watcher is not None
