@@ -335,3 +335,22 @@ def test_only_an_accelerated_model_trains_low_precision_attention_in_float32(arc
             assert seen == []  # the core's attention: torch's kernel, in bf16
     assert seen and set(seen) == {torch.float32}
     assert losses[1] == pytest.approx(losses[0], rel=2e-2)
+
+
+def test_a_kernel_gets_grouped_keys_as_they_are() -> None:
+    """The kernel seam receives k and v with their Hkv heads (no copy per query head), and its output is the
+    reference's."""
+    from aiayn.nn.attention import fused_attention, scaled_dot_product_attention
+
+    q, k, v = torch.randn(2, 8, 3, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
+    seen = []
+
+    def kernel(q, k, v, *args):
+        seen.append(k.shape[1])
+        return fused_attention(q, k, v, *args)
+
+    for backend in ("auto", "sdpa"):
+        out, _ = scaled_dot_product_attention(q, k, v, backend=backend, kernel=kernel)
+        want, _ = scaled_dot_product_attention(q, k, v, backend="reference")
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    assert seen == [2, 2]

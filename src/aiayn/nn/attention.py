@@ -89,7 +89,7 @@ def scaled_dot_product_attention(
         # cost a host sync per call on a GPU, and both ops are tiny next to the attention itself.
         empty_rows = ~mask.any(dim=-1, keepdim=True)
         mask = mask | empty_rows
-    if backend != "sdpa" or kernel is None:  # an attention kernel takes grouped keys as they are
+    if backend not in ("auto", "sdpa"):  # a fused kernel takes grouped keys as they are
         k, v = _expand_kv(k, n_heads), _expand_kv(v, n_heads)
 
     if backend == "reference":
