@@ -1,12 +1,18 @@
-"""A converted GPT-2 small: conversion time and memory, then batch-1 greedy decoding against transformers.
+"""Converted transformers models: conversion time and memory, then batch-1 greedy decoding against transformers.
 
-A random ``GPT2LMHeadModel(GPT2Config())`` (124M parameters, GELU tanh as GPT-2 has it) is saved with
-``save_pretrained``, converted with ``aiayn.hf.from_hf`` and loaded with ``load_pretrained`` (accelerated for
-decoding, as the ``aiayn generate`` command runs it). Both then decode the same prompt greedily for the same number
-of new tokens (aiayn with no stop id, transformers with ``min_new_tokens == max_new_tokens``), alternating runs;
-the row gives the median tokens/s of each, the ratio and whether the tokens are the same.
+A random transformers model is saved with ``save_pretrained``, converted with ``aiayn.hf.from_hf`` and loaded with
+``load_pretrained`` (accelerated for decoding, as the ``aiayn generate`` command runs it). Both then decode the same
+prompt greedily for the same number of new tokens (aiayn with no stop id, transformers with
+``min_new_tokens == max_new_tokens``), alternating runs; a row gives the median tokens/s of each, the ratio and
+whether the tokens are the same. The families (``--families``):
 
-    .venv/bin/python bench/converted_gpt2.py             # GPT-2 small, 16-token prompt, 64 new tokens, 5 runs
+- ``gpt2``: ``GPT2LMHeadModel(GPT2Config())``, GPT-2 small (124M parameters, GELU tanh as GPT-2 has it);
+- ``llama``: a LLaMA-architecture model of about that size (12 x 768, 12 query and 4 key/value heads, SwiGLU 2048,
+  RMSNorm, RoPE, vocabulary 32000);
+- ``mistral``: the same with a sliding window of 32 positions, shorter than prompt + new tokens, so that aiayn decodes
+  with its rolling cache.
+
+    .venv/bin/python bench/converted_gpt2.py             # all three, 16-token prompt, 64 new tokens, 5 runs
     .venv/bin/python bench/converted_gpt2.py --quick     # 2 layers x 128, 16 new tokens, 2 runs
 """
 
@@ -32,13 +38,49 @@ COLUMNS = ["model", "from_hf_s", "to_hf_s", "peak_rss_gib", "prompt", "new_token
            "ratio_vs_hf", "same_tokens"]
 
 
+FAMILIES = ("gpt2", "llama", "mistral")
+
+
+def family_config(family: str, quick: bool) -> Any:
+    """The transformers config of ``family`` (see the module docstring); ``quick``: 2 layers x 128."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig
+
+    if family == "gpt2":
+        if quick:
+            return GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128, bos_token_id=999,
+                              eos_token_id=999)
+        return GPT2Config()
+    size = (dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000) if quick else
+            dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=4, vocab_size=32000))
+    if family == "llama":
+        return LlamaConfig(**size, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+    return MistralConfig(**size, max_position_embeddings=512, sliding_window=32, bos_token_id=1, eos_token_id=2)
+
+
+def save_word_tokenizer(folder: Path, vocab_size: int, bos_id: int, eos_id: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` words ``w0 .. wN`` (BOS and EOS at their ids) saved into ``folder`` as
+    transformers saves one (``tokenizer.json`` and its config), so that the folder converts as a released one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token=f"w{bos_id}",
+                            eos_token=f"w{eos_id}").save_pretrained(folder)
+
+
 def bench_converted(hf_config: Any, prompt_len: int, new_tokens: int, runs: int, folder: Path) -> dict[str, Any]:
-    """Convert a random GPT-2 of ``hf_config`` under ``folder`` and time batch-1 greedy decoding; one result row."""
-    from transformers import GPT2LMHeadModel
+    """Convert a random transformers model of ``hf_config`` under ``folder`` and time batch-1 greedy decoding; one
+    result row."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(hf_config).eval()
+    hf = AutoModelForCausalLM.from_config(hf_config).eval()
     hf.save_pretrained(folder / "hf")
+    save_word_tokenizer(folder / "hf", hf_config.vocab_size, hf_config.bos_token_id, hf_config.eos_token_id)
     t0 = time.perf_counter()
     from_hf(folder / "hf", folder / "aiayn")
     t1 = time.perf_counter()
@@ -66,7 +108,11 @@ def bench_converted(hf_config: Any, prompt_len: int, new_tokens: int, runs: int,
     if len(got) != len(want):
         raise RuntimeError(f"output lengths differ: {len(got)} vs {len(want)}")
     n_params = sum(p.numel() for p in hf.parameters())
-    return {"model": f"GPT-2 {hf_config.n_layer}x{hf_config.n_embd} ({n_params / 1e6:.0f}M)",
+    window = getattr(hf_config, "sliding_window", None)
+    name = f"{type(hf).__name__.removesuffix('ForCausalLM').removesuffix('LMHeadModel')} " \
+        f"{hf_config.num_hidden_layers}x{hf_config.hidden_size} ({n_params / 1e6:.0f}M)" \
+        + (f", window {window}" if window else "")
+    return {"model": name,
             "from_hf_s": t1 - t0, "to_hf_s": t2 - t1, "peak_rss_gib": benchlib.peak_rss_mb() / 1024,
             "prompt": prompt_len, "new_tokens": new_tokens, "aiayn_tok_s": new_tokens / t_ours,
             "hf_tok_s": new_tokens / t_hf, "ratio_vs_hf": t_hf / t_ours,
@@ -74,25 +120,21 @@ def bench_converted(hf_config: Any, prompt_len: int, new_tokens: int, runs: int,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """CLI entry point: run, print the row, write ``bench/results/converted_gpt2.json``."""
-    from transformers import GPT2Config
-
+    """CLI entry point: run, print the rows, write ``bench/results/converted_gpt2.json``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_common_args(p)
     p.add_argument("--new-tokens", type=int, default=None)
+    p.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     args = p.parse_args(argv)
     benchlib.setup(args.threads)
     t0 = time.perf_counter()
-    if args.quick:
-        config = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128, bos_token_id=999,
-                            eos_token_id=999)
-        runs, new = args.runs or 2, args.new_tokens or 16
-    else:
-        config, runs, new = GPT2Config(), args.runs or 5, args.new_tokens or 64
-    with tempfile.TemporaryDirectory() as tmp:
-        row = bench_converted(config, 16, new, runs, Path(tmp))
-    payload = {"rows": [row], "runs": runs, "threads": args.threads, "wall_s": time.perf_counter() - t0}
-    print(f"converted GPT-2, batch-1 greedy, median of {runs} alternating runs")
+    runs, new = (args.runs or 2, args.new_tokens or 16) if args.quick else (args.runs or 5, args.new_tokens or 64)
+    rows = []
+    for family in args.families:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench_converted(family_config(family, args.quick), 16, new, runs, Path(tmp)))
+    payload = {"rows": rows, "runs": runs, "threads": args.threads, "wall_s": time.perf_counter() - t0}
+    print(f"converted models, batch-1 greedy, median of {runs} alternating runs")
     benchlib.report("converted_gpt2", payload, COLUMNS, args.quick)
     return payload
 
