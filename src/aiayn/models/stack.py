@@ -137,12 +137,6 @@ class TransformerStack(nn.Module):
                                        causal=self.causal, device=device, s=s)
         return None
 
-    def project_memory(self, memory: Tensor, cache: DecoderCache) -> None:
-        """Fill every layer's cross-attention cache with the projected encoder memory (B, S_src, D), as the first
-        step through :meth:`forward` does; a decoding step then needs only the memory's padding flags."""
-        for layer, cross_cache in zip(self.layers, cache.cross_attn):
-            cross_cache.k, cross_cache.v = layer.cross_attn.project_memory(memory)
-
     def prepare(
         self,
         ids: Tensor | None,
@@ -156,8 +150,8 @@ class TransformerStack(nn.Module):
         embeds: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None, bool, Tensor | None]:
         """Everything the layers take, from the stack's input (arguments as :meth:`forward`); with a ``cache``,
-        records the new positions in it. The one place where embeddings, positions and masks are made: the
-        layers' loop in :meth:`forward` and an accelerator's decoding step both start here.
+        records the new positions in it. The one place where embeddings, positions and masks are made, for a whole
+        pass, a prefill and a decoding step alike.
 
         Returns:
             x (B, T, D) the embedded input; the self-attention mask (bool, broadcastable to (B, H, T, S)) or
