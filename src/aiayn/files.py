@@ -8,15 +8,47 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import socket
 import tempfile
+import uuid
 from pathlib import Path
+
+HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # no "-": it separates a side name's parts
+#: a hidden side folder of :func:`side_name`: ``.<name>.<kind>-<host>-<pid>-<random>`` (older ones have no host)
+SIDE_FOLDER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|trash)-(?:(?P<host>[A-Za-z0-9._]+)-)?(?P<pid>\d+)"
+                         r"-[0-9a-f]{8}$")
+
+
+def side_name(target: str | Path, kind: str) -> Path:
+    """A hidden sibling ``.<name>.<kind>-<host>-<pid>-<random>`` of ``target`` that only this process uses (``kind``
+    "tmp" or "trash"; savers sweep such folders up once their process is gone)."""
+    target = Path(target)
+    return target.parent / f".{target.name}.{kind}-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def umask() -> int:
+    """This process's umask (read without changing it where Linux tells it, in ``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere reading the umask means setting it; set it straight back
+    os.umask(mask)
+    return mask
 
 
 def default_file_mode() -> int:
     """The mode ``open(path, "w")`` gives a new file under the process's umask (usually 0o644)."""
-    mask = os.umask(0o022)  # reading the umask means setting it; set it straight back
-    os.umask(mask)
-    return 0o666 & ~mask
+    return 0o666 & ~umask()
+
+
+def as_umask_allows(file: str | os.PathLike) -> None:
+    """Give ``file`` the mode a new file gets under the umask (0644 under 022): for files a library writes with a
+    mode of its own (safetensors' ``save_file`` writes 0600)."""
+    os.chmod(file, default_file_mode())
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -28,8 +28,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
-from aiayn.files import fsync_dir, sha256_of
+from aiayn.files import SIDE_FOLDER, fsync_dir, sha256_of, side_name
 
 CHECKPOINT = "aiayn checkpoint"
 TRANSFORMERS = "transformers folder"
@@ -45,7 +43,6 @@ PICTURES = "pictures folder"
 CHECKPOINT_MANIFEST = "manifest.json"  # aiayn.checkpoint_layout.MANIFEST_FILE
 MARKER = "aiayn-output.json"  # the manifest of every other kind of output
 MARKER_VERSION = 1
-_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # as aiayn.train.disk names side folders
 
 
 def manifest_name(kind: str) -> str:
@@ -178,7 +175,7 @@ def staging_folder(out: str | os.PathLike) -> Path:
         AiaynError: the folder cannot be made (named, with the cause).
     """
     out = Path(out)
-    tmp = out.parent / f".{out.name}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = side_name(out, "tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(tmp)
@@ -186,25 +183,6 @@ def staging_folder(out: str | os.PathLike) -> Path:
         raise AiaynError(f"{e.filename or tmp}: cannot create a folder beside {out} ({e.strerror or e}); make "
                          f"{out.parent} writable for this user, or choose another folder") from None
     return tmp
-
-
-def umask() -> int:
-    """This process's umask (read without changing it where Linux tells it, in ``/proc/self/status``)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def as_umask_allows(file: str | os.PathLike) -> None:
-    """Give ``file`` the mode a new file gets under the umask (0644 under 022): for files a library writes with
-    a mode of its own (safetensors' ``save_file`` writes 0600)."""
-    os.chmod(file, 0o666 & ~umask())
 
 
 def _files(tmp: Path) -> list[str]:
@@ -285,7 +263,7 @@ def install(tmp: Path, folder: OutputFolder) -> Path:
         elif not out.exists():
             os.rename(tmp, out)
         else:
-            trash = out.parent / f".{out.name}.trash-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            trash = side_name(out, "trash")
             os.rename(out, trash)
             try:
                 os.rename(tmp, out)
@@ -308,7 +286,7 @@ def install(tmp: Path, folder: OutputFolder) -> Path:
 #: save), the metrics log, the learning curve, the lock, and hidden temporary / trash folders of saves
 _RUN_FOLDERS = re.compile(r"^(last|best|averaged|step-\d+)(\.old)?$")
 _RUN_FILES = {".lock", ".lock.takeover", "metrics.jsonl", "metrics.csv", "learning_curve.png"}
-_SIDE = re.compile(r"^\..+\.(tmp|trash)-([A-Za-z0-9._]+-)?\d+-[0-9a-f]{8}$")
+_RUN_OR_SIDE_FOLDER = re.compile(f"{_RUN_FOLDERS.pattern}|{SIDE_FOLDER.pattern}")
 
 
 def clear_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> None:
@@ -332,6 +310,19 @@ def clear_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> Non
             entry.unlink()
 
 
+def check_run_files(out: str | os.PathLike) -> None:
+    """Refuse a run folder where a file training writes (``metrics.jsonl``, ``learning_curve.png``, ...) is a
+    folder: before any work, rather than when the run writes it.
+
+    Raises:
+        AiaynError: naming the folder in the way.
+    """
+    for name in sorted(_RUN_FILES):
+        if (Path(out) / name).is_dir():
+            raise AiaynError(f"{Path(out) / name}: is a folder, where training writes its {name} file; remove or "
+                             "rename the folder, or choose another train.out_dir")
+
+
 def check_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> None:
     """Refuse to start a new training run in a folder that is not a run folder of aiayn's.
 
@@ -347,12 +338,9 @@ def check_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> Non
         if path.exists():
             raise AiaynError(f"{path}: is a file, not a folder; choose another train.out_dir")
         return
-    for name in sorted(_RUN_FILES):
-        if (path / name).is_dir():
-            raise AiaynError(f"{path / name}: is a folder, where training writes its {name} file; remove or rename "
-                             "the folder, or choose another train.out_dir")
+    check_run_files(path)
     foreign = sorted(p.name for p in path.iterdir()
-                     if not (p.is_dir() and not p.is_symlink() and (_RUN_FOLDERS.match(p.name) or _SIDE.match(p.name)))
+                     if not (p.is_dir() and not p.is_symlink() and _RUN_OR_SIDE_FOLDER.match(p.name))
                      and not (p.is_file() and (p.name in _RUN_FILES or p.name in extra)))
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")

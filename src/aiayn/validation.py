@@ -211,10 +211,3 @@ def dataclass_types(config: Any) -> tuple[dict[str, str], dict[str, Any]]:
     annotations = {f.name: str(f.type) for f in fields(config)}
     defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
     return annotations, defaults
-
-
-def type_problems(config: Any) -> list[str]:
-    """``key=value: must be ...`` for every field of a dataclass instance whose value has the wrong type."""
-    p = Problems(vars(config))
-    p.check_types(*dataclass_types(config))
-    return p.lines

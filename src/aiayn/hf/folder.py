@@ -26,10 +26,10 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
+from aiayn.files import as_umask_allows
 from aiayn.output_folder import (
     TRANSFORMERS,
     OutputFolder,
-    as_umask_allows,
     check_output_folder,
     install,
     staging_folder,

