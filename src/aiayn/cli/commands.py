@@ -475,8 +475,8 @@ def _data(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- check
 @command("check", "Check on this machine that a model computes what it should: cached == uncached decoding, batched "
                   "== single, accelerated == reference (train and decode, with and without native kernels), "
-                  "accumulated == one batch, resume == uninterrupted (a tiny run). Prints the largest differences; "
-                  "exits 1 if any check fails.")
+                  "accumulated == one batch, resume == uninterrupted (a tiny run). Prints the accelerator's kernels in "
+                  "use and the largest differences; exits 1 if any check fails.")
 def _check(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--checkpoint", help="a checkpoint directory (e.g. runs/demo/best)")

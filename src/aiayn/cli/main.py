@@ -21,10 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need' and its family: train, decode, evaluate.",
-        epilog="--accel auto (the default) applies the CPU accelerator (aiayn.accel.cpu: native kernels, packed "
-               "weights, a fused loss, a flat decoding step; results equal the reference up to float rounding) and "
-               "keeps freed memory in the process for reuse; --accel none runs the reference modules only. The "
-               "environment variable AIAYN_ACCEL sets the same.")
+        epilog="--accel auto (the default) applies the CPU accelerator (aiayn.accel.cpu: native kernels in the "
+               "core's attention and output-layer seams, packed weights, a fused loss; results equal the reference up "
+               "to float rounding; aiayn check lists them) and keeps freed memory in the process for reuse; --accel "
+               "none runs the reference core only. The environment variable AIAYN_ACCEL sets the same.")
     parser.add_argument("--version", action="version", version=f"aiayn {_version()}",
                         help="print aiayn's version and exit")
     _add_global_options(parser)  # before the command or, below, after it
