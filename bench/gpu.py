@@ -7,8 +7,9 @@ transformers with the same weights, and the peak memory of each.
   compiled, all holding the same weights; target tokens/s and MFU against the GPU's dense bf16 peak
   (``PEAK_BF16_TFLOPS``; ``--peak-tflops`` for another GPU), FLOPs per token from
   :func:`aiayn.models.stats.forward_flops_per_token` times 3.
-- **greedy**: batch 1, a 16-token prompt and 128 new tokens of the same model (bf16 weights): aiayn ``generate``
-  against ``GPT2LMHeadModel.generate``; ``same_tokens`` checks that each produced transformers' tokens.
+- **greedy**: batch 1, a 16-token prompt and 128 new tokens of the same model (bf16 weights): aiayn ``generate``,
+  eager and with its step compiled (``aiayn.accel.compile_decoding``: CUDA graphs on CUDA), against
+  ``GPT2LMHeadModel.generate``; ``same_tokens`` checks that each produced transformers' tokens.
 - **beam**: beam 4, batch 32, 20-token sources, 21 decoder steps at paper-base size (6 + 6 layers, 512 wide, vocab
   32000): aiayn ``translate`` against ``MarianMTModel.generate`` (random weights each; output lengths held equal).
 
@@ -38,6 +39,7 @@ import benchlib  # noqa: E402
 import generate_lm  # noqa: E402
 import translate_beam  # noqa: E402
 
+from aiayn.accel import compile_decoding  # noqa: E402
 from aiayn.generate import generate, translate  # noqa: E402
 from aiayn.models.stats import forward_flops_per_token  # noqa: E402
 from aiayn.train.optim import build_optimizer  # noqa: E402
@@ -165,11 +167,13 @@ def train_rows(s: Settings, device: torch.device, bf16: bool, peak: float | None
     return rows
 
 
-def greedy_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str, Any]]:
-    """Batch-1 greedy decoding tokens/s of aiayn ``generate`` and ``GPT2LMHeadModel.generate``, same weights."""
+def greedy_rows(s: Settings, device: torch.device, bf16: bool, compiled: bool = True) -> list[dict[str, Any]]:
+    """Batch-1 greedy decoding tokens/s of aiayn ``generate`` (eager, and with ``compiled`` its step compiled:
+    CUDA graphs on CUDA) and ``GPT2LMHeadModel.generate``, same weights."""
     ours, hf = generate_lm.build_pair(s.lm, variant=None)
     dtype = torch.bfloat16 if bf16 else torch.float32
     ours, hf = ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
+    compiled_ours = compile_decoding(copy.deepcopy(ours)) if compiled else None
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(5, s.lm.vocab_size - 1, (1, s.prompt_len), generator=g)
     out: dict[str, Any] = {}
@@ -185,10 +189,16 @@ def greedy_rows(s: Settings, device: torch.device, bf16: bool) -> list[dict[str,
                                               max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
                                               pad_token_id=s.lm.vocab_size - 1)
 
+    def run_compiled() -> None:
+        out["aiayn-compiled"] = generate(compiled_ours, prompt.tolist(), max_new_tokens=s.new_tokens, greedy=True,
+                                         stop_ids=(), pad_id=0)
+
     rows = []
     contenders = [("aiayn", run_ours), ("transformers", run_hf)]
+    if compiled_ours is not None:
+        contenders.insert(1, ("aiayn-compiled", run_compiled))
     for name, fn in contenders:
-        seconds, memory = _measure(fn, device, s.runs)
+        seconds, memory = _measure(fn, device, s.runs, warmup=2)
         rows.append({"case": "greedy", "contender": name, "tokens_per_s": s.new_tokens / seconds,
                      "peak_memory_mb": memory})
     hf_tokens = out["transformers"][0, -s.new_tokens:].tolist()
@@ -244,7 +254,7 @@ def run(tiny: bool = False, device_name: str = "auto", batch: int | None = None,
     bf16 = device.type == "cuda" and not tiny
     peak = peak_tflops(device, peak_override)
     torch.manual_seed(0)
-    rows = train_rows(settings, device, bf16, peak, compiled) + greedy_rows(settings, device, bf16) \
+    rows = train_rows(settings, device, bf16, peak, compiled) + greedy_rows(settings, device, bf16, compiled) \
         + beam_rows(settings, device, bf16)
     if device.type != "cuda":
         for row in rows:
@@ -260,7 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default)")
     parser.add_argument("--batch", type=int, default=None, help="training sequences per step (default 8)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
-    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled training contenders")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out the compiled contenders (training, and the compiled decoding step)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results[/quick])")
     args = parser.parse_args(argv)
     result = run(args.tiny, args.device, args.batch, args.peak_tflops, compiled=not args.no_compile)

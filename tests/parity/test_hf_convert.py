@@ -33,6 +33,7 @@ from safetensors.torch import load_file  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import models, pre_tokenizers, trainers  # noqa: E402
 
+from aiayn.accel import compile_decoding  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.generate.lm import generate  # noqa: E402
 from aiayn.generate.steppers import LMStepper, eval_mode  # noqa: E402
@@ -178,11 +179,17 @@ def test_logits_equal_transformers_with_left_padding(family: str, converted) -> 
     _close(got[mask], want[mask])
 
 
+@pytest.mark.parametrize("step", ["eager", "compiled"])
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a compiled step that fell back to eager fails
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cached_steps_equal_the_full_pass(family: str, converted) -> None:
-    """The left-padded prompts prefilled, then one token per step through the KV cache (accelerated as loaded)."""
+def test_cached_steps_equal_the_full_pass(family: str, step: str, converted) -> None:
+    """The left-padded prompts prefilled, then one token per step through the KV cache (accelerated as loaded; or
+    the step compiled over a static cache, ``aiayn.accel.compile_decoding``)."""
     ref, tok, _, ckpt = converted[family]
-    model = load_pretrained(ckpt).model
+    model = load_pretrained(ckpt, accel="none" if step == "compiled" else None).model
+    if step == "compiled":
+        torch._dynamo.reset()
+        compile_decoding(model, backend="aot_eager")
     ids, mask, positions = _batch(len(tok))
     prompt = 8  # columns of the prompt (every row has tokens among them); the rest is fed one column per step
     with torch.no_grad():

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
+from aiayn.accel import compile_decoding  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.generate.common import length_penalty  # noqa: E402
@@ -341,18 +342,24 @@ def test_seq2seq_logits_equal_transformers_with_source_padding(family: str, case
 
 
 @pytest.mark.parametrize("family", SEQ2SEQ)
-@pytest.mark.parametrize("accel", ("none", "auto"))
+@pytest.mark.parametrize("accel", ("none", "auto", "compiled"))
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a compiled step that fell back to eager fails
 def test_cached_decoding_equals_transformers_full_pass(family: str, accel: str, cases: dict[str, Case]) -> None:
     """aiayn's incremental decoding (the source encoded once, one target token per step through the KV cache) against
-    transformers' teacher-forced pass over the whole target."""
+    transformers' teacher-forced pass over the whole target; "compiled": the step compiled over a static cache."""
     case = cases[family]
-    model = case.pre.model if accel == "none" else load_pretrained(case.ckpt, accel=accel).model
+    model = load_pretrained(case.ckpt, accel=accel if accel != "compiled" else "none").model
+    capacity = 4  # the cache grows
+    if accel == "compiled":
+        torch._dynamo.reset()
+        compile_decoding(model, backend="aot_eager")
+        capacity = 8  # a static cache holds every step
     src, mask = _source(case.tok, (9, 6, 3))
     tgt = _target(case, 3, 8)
     with torch.no_grad():
         want = case.ref(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
     with eval_mode(model):
-        stepper = Seq2SeqStepper(model, src, capacity=4, bos_id=int(tgt[0, 0]), src_is_token=mask)  # the cache grows
+        stepper = Seq2SeqStepper(model, src, capacity=capacity, bos_id=int(tgt[0, 0]), src_is_token=mask)
         got = [stepper.first()]
         got += [stepper.step(tgt[:, t]) for t in range(1, tgt.shape[1])]
     _close(torch.stack(got, 1), want)

@@ -11,7 +11,7 @@ parameters, same ``state_dict``); the core's own code still runs every layer, st
 
 - ``"none"``: the reference core only;
 - ``"auto"``: the accelerator for the model's device: the CPU's (:mod:`aiayn.accel.cpu`); on CUDA the core's torch
-  kernels are already the fast path.
+  kernels, and for decoding the core's step compiled with CUDA graphs (:mod:`aiayn.accel.compiled`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,15 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
     if resolve(accel) == "none":
         return model
     param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu":  # CUDA: the core's torch kernels are its fast path
+    if param is None:
+        return model
+    if param.device.type == "cuda":  # the core's torch kernels, and a decoding step replayed as a CUDA graph
+        from aiayn.accel.compiled import compile_decoding, unsupported
+
+        if purpose == "decode" and unsupported(model) is None:
+            compile_decoding(model)
+        return model
+    if param.device.type != "cpu":
         return model
     from aiayn.accel import cpu
 
@@ -72,6 +80,9 @@ def describe(model: nn.Module) -> dict[str, int]:
     def count(key: str) -> None:
         counts[key] = counts.get(key, 0) + 1
 
+    compiler = getattr(model, "step_compiler", None)
+    if compiler is not None:
+        count(f"decoding step={compiler!r}")
     for m in model.modules():
         if type(m).__module__.startswith("aiayn.accel."):
             count(type(m).__name__)
@@ -105,6 +116,14 @@ def release_workspace() -> None:
     fused_loss = sys.modules.get("aiayn.accel.cpu.fused_loss")
     if fused_loss is not None:
         fused_loss.release_workspace()
+
+
+def compile_decoding(model: nn.Module, mode: str | None = None, backend: str = "inductor") -> nn.Module:
+    """Decode with ``torch.compile`` of the core's step over a static cache
+    (:func:`aiayn.accel.compiled.compile_decoding`)."""
+    from aiayn.accel.compiled import compile_decoding as compile_step
+
+    return compile_step(model, mode, backend)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:

@@ -14,7 +14,7 @@ So the same search code decodes decoder-only and encoder-decoder models.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.heads import LMHead
 from aiayn.models.seq2seq import EncoderDecoderModel
+from aiayn.nn.cache import DecoderCache
 
 
 class Stepper(Protocol):
@@ -71,6 +72,36 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = True
 
 
+def lm_step(model: DecoderModel, tokens: Tensor, positions: Tensor, cache: DecoderCache, project: bool) -> Tensor:
+    """One decoding step of a decoder-only model: tokens (N,) long at positions (N,) long -> next-token logits
+    (N, V), or the final hidden states (N, D) when not ``project``; the keys and values go into ``cache``."""
+    hidden = model(tokens[:, None], positions=positions[:, None], cache=cache, compute_logits=False).hidden[:, -1]
+    return model.lm_head(hidden) if project else hidden
+
+
+def seq2seq_step(model: EncoderDecoderModel, tokens: Tensor, src_is_token: Tensor, cache: DecoderCache) -> Tensor:
+    """One decoding step of an encoder-decoder model whose cache holds the projected memory: tokens (N,) long ->
+    next-token logits (N, V); ``src_is_token`` (Bm, S) bool are the memory rows' padding flags."""
+    return model.decode(tokens[:, None], None, src_is_token, cache=cache).logits[:, -1]
+
+
+def step_function(model: nn.Module, step: Callable[..., Tensor]) -> tuple[Callable[..., Tensor], bool]:
+    """The step a stepper runs: ``step`` itself, or the compiled version a transform gave the model
+    (``model.step_compiler``, :func:`aiayn.accel.compile_decoding`); and whether the cache must be static."""
+    compiler = getattr(model, "step_compiler", None)
+    return (step, False) if compiler is None else (compiler(step), True)
+
+
+def use_room(room: int | None) -> int | None:
+    """One more position in a static cache with ``room`` left (None: a cache that grows); raises when it is full."""
+    if room is None:
+        return None
+    if room <= 0:
+        raise ValueError("the static cache of the compiled decoding step is full; give the stepper a capacity of "
+                         "every position it will decode")
+    return room - 1
+
+
 class Seq2SeqStepper:
     """Encoder-decoder stepper: encodes the source once; the decoder then runs one token at a time.
 
@@ -91,21 +122,24 @@ class Seq2SeqStepper:
         memory, src_is_token, _ = model.encode(src, src_is_token)
         self.memory: Tensor | None = memory  # (B, S, D) until the first step projects it into the cache
         self.src_is_token = src_is_token  # (Bm, S)
-        self.cache = model.new_cache(capacity)
+        self._step, static = step_function(model, seq2seq_step)
+        self.cache = model.new_cache(capacity, static)
+        self.room = capacity if static else None  # a static cache's positions left (it cannot grow)
         self.group = 1  # consecutive rows per memory row: row i reads memory row i // group
 
     def first(self) -> Tensor:
         """Feed BOS to every sentence: logits (B, V)."""
         b = self.src_is_token.shape[0]
         bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=self.src_is_token.device)
+        self.room = use_room(self.room)
         logits = self.model.decode(bos, self.memory, self.src_is_token, cache=self.cache).logits
         self.memory = None  # projected into the cross-attention cache; no longer needed
         return logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V)."""
-        out = self.model.decode(tokens[:, None], self.memory, self.src_is_token, cache=self.cache)
-        return out.logits[:, -1]
+        self.room = use_room(self.room)
+        return self._step(self.model, tokens, self.src_is_token, self.cache)
 
     def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) of the cache; the projected memory follows the rows' source sentences.
@@ -155,7 +189,9 @@ class LMStepper:
                  prefix_lm: bool = False, project: bool = True) -> None:
         self.model, self.ids, self.is_token, self.prefix_lm = model, ids, is_token, prefix_lm
         self.project, self.head = project, model.lm_head
-        self.cache = model.new_cache(capacity)
+        self._step, static = step_function(model, lm_step)
+        self.cache = model.new_cache(capacity, static)
+        self.room = capacity - ids.shape[1] if static else None  # a static cache's positions left (it cannot grow)
         self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
 
     def first(self) -> Tensor:
@@ -170,10 +206,10 @@ class LMStepper:
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
-        hidden = self.model(tokens[:, None], positions=self.next_pos[:, None], cache=self.cache,
-                            compute_logits=False).hidden[:, -1]
+        self.room = use_room(self.room)
+        out = self._step(self.model, tokens, self.next_pos, self.cache, self.project)
         self.next_pos = self.next_pos + 1
-        return self._output(hidden)
+        return out
 
     def _output(self, hidden: Tensor) -> Tensor:
         """(N, D) final hidden states -> what a step returns: logits (N, V), or the states themselves."""

@@ -24,9 +24,14 @@ class DecoderModel(nn.Module):
         self.lm_head = LMHead(c.d_model, c.vocab_size, self.embed if c.tie_embeddings else None, bias=c.output_bias,
                               scale=c.d_model**-0.5 if c.tied_output_scale else 1.0)
 
-    def new_cache(self, capacity: int) -> DecoderCache:
-        """An empty KV cache for up to ``capacity`` positions (it grows if exceeded)."""
-        return self.decoder.new_cache(capacity)
+    def extra_repr(self) -> str:
+        compiler = getattr(self, "step_compiler", None)  # set by aiayn.accel.compile_decoding
+        return "" if compiler is None else f"decoding_step={compiler!r}"
+
+    def new_cache(self, capacity: int, static: bool = False) -> DecoderCache:
+        """An empty KV cache for up to ``capacity`` positions (it grows if exceeded; ``static``: fixed shapes for a
+        compiled step, exactly ``capacity``; see :meth:`aiayn.models.stack.TransformerStack.new_cache`)."""
+        return self.decoder.new_cache(capacity, static)
 
     def forward(
         self,

@@ -47,9 +47,14 @@ class EncoderDecoderModel(nn.Module):
         memory, w = self.encoder(src, is_token=src_is_token, return_weights=return_weights)
         return memory, src_is_token, (w["self"] if w else None)
 
-    def new_cache(self, capacity: int) -> DecoderCache:
-        """An empty decoder cache (self-attention keys/values and projected memory) for ``capacity`` steps."""
-        return self.decoder.new_cache(capacity)
+    def extra_repr(self) -> str:
+        compiler = getattr(self, "step_compiler", None)  # set by aiayn.accel.compile_decoding
+        return "" if compiler is None else f"decoding_step={compiler!r}"
+
+    def new_cache(self, capacity: int, static: bool = False) -> DecoderCache:
+        """An empty decoder cache (self-attention keys/values and projected memory) for ``capacity`` steps
+        (``static``: fixed shapes for a compiled step; see :meth:`aiayn.models.stack.TransformerStack.new_cache`)."""
+        return self.decoder.new_cache(capacity, static)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_is_token: Tensor, *,
                cache: DecoderCache | None = None, return_weights: bool = False,

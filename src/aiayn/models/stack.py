@@ -18,7 +18,6 @@ from aiayn.nn.layers import TransformerLayer
 from aiayn.nn.linear_attention import LinearDecoderCache
 from aiayn.nn.norms import build_norm
 from aiayn.nn.positions import ALiBi, LearnedPositions, RotaryEmbedding, SinusoidalPositions, T5RelativeBias
-from aiayn.nn.rolling_cache import RollingDecoderCache
 
 
 class TransformerStack(nn.Module):
@@ -114,16 +113,17 @@ class TransformerStack(nn.Module):
                     weights["cross"].append(w_cross)
         return self.final_norm(x), weights
 
-    def new_cache(self, capacity: int) -> DecoderCache:
-        """An empty cache for decoding with this (causal) stack, up to ``capacity`` positions (it grows if exceeded):
-        a constant-size state per layer for linear attention; for a sliding window smaller than ``capacity``, a
-        rolling cache of ``sliding_window`` positions per layer; else the full KV cache."""
+    def new_cache(self, capacity: int, static: bool = False) -> DecoderCache:
+        """An empty cache for decoding with this (causal) stack, up to ``capacity`` positions: a constant-size state
+        per layer for linear attention; else the KV cache, addressed by slot (``sliding_window`` slots) for a window
+        smaller than ``capacity`` or when ``static`` (the fixed shapes of a compiled step; exactly ``capacity``
+        positions), by position otherwise (it grows if exceeded)."""
         c = self.config
         if c.attention == "linear":
+            if static:
+                raise ValueError("linear attention keeps a running state, not a static KV cache")
             return LinearDecoderCache(len(self.layers), cross=self.cross)
-        if c.sliding_window is not None and capacity > c.sliding_window:
-            return RollingDecoderCache(len(self.layers), c.sliding_window, cross=self.cross)
-        return DecoderCache(len(self.layers), capacity, cross=self.cross)
+        return DecoderCache(len(self.layers), capacity, cross=self.cross, window=c.sliding_window, static=static)
 
     def pattern_mask(self, t: int, s: int, device: torch.device) -> Tensor | None:
         """The config's sparse attention pattern (``attention_mask``) for T queries at the end of S keys, (T, S) bool;
@@ -164,10 +164,12 @@ class TransformerStack(nn.Module):
         if token_type_ids is not None and self.token_type_embed is None:
             raise ValueError("token_type_ids given, but this model has no token types (config.n_token_types is not "
                              "set)")
-        start = cache.length if cache is not None else 0
-        default_positions = positions is None  # start .. start + t - 1, known on the host
-        if default_positions:
-            positions = torch.arange(start, start + t, device=device)[None]  # (1, T)
+        slotted = cache is not None and cache.slotted  # keys in slots: the cache makes the mask
+        default_positions = positions is None  # start .. start + t - 1 (known on the host unless slotted)
+        start = cache.length if cache is not None and default_positions and not slotted else 0
+        if default_positions:  # (1, T)
+            positions = (cache.next_positions(t, device) if slotted
+                         else torch.arange(start, start + t, device=device)[None])
         if is_token is None and not self.causal and embeds is None:
             is_token = ids != c.pad_id
         key_is_token, key_pos = is_token, positions
@@ -176,29 +178,31 @@ class TransformerStack(nn.Module):
             key_is_token, key_pos = cache.extend(is_token, positions.expand(b, t), padded,
                                                    default=default_positions)
             padded = cache.padded
-        s = cache.length if cache is not None else t
-        rolling = isinstance(cache, RollingDecoderCache)  # its keys: the window's slots, then the new positions
+        s = cache.length if cache is not None and not slotted else t
 
         # ---- self-attention mask: causal / window / pattern / padding / extra: one bool mask, or the causal fast path
         mask = attn_mask
-        if padded:
+        if slotted:  # validity, causality, window and padding of the step's keys
+            if c.attention_mask != "dense":
+                raise ValueError(f"attention_mask={c.attention_mask!r} is not supported with a cache addressed by "
+                                 "slot (a sliding window shorter than the decoded length, or a static cache)")
+            mask = M.combine(mask, cache.step_mask)
+        elif padded:
             mask = M.combine(mask, M.padding_mask(key_is_token))
-        if rolling:
-            mask = M.combine(mask, cache.window_mask(t))  # causal too
-        elif self.causal and c.sliding_window is not None and s > c.sliding_window:
+        if not slotted and self.causal and c.sliding_window is not None and s > c.sliding_window:
             mask = M.combine(mask, M.sliding_window_mask(t, c.sliding_window, s, device=device))
-        if c.attention_mask != "dense":
+        if c.attention_mask != "dense" and not slotted:
             mask = M.combine(mask, self.pattern_mask(t, s, device))
-        # an explicit attn_mask encodes causality, and a rolling cache's window mask does
-        is_causal = self.causal and t > 1 and attn_mask is None and not rolling
+        # an explicit attn_mask encodes causality, and a slotted cache's mask does
+        is_causal = self.causal and t > 1 and attn_mask is None and not slotted
         bias = None
         if self.pos_bias is not None:  # a cache that stores no ids makes them here
             bias = self.pos_bias(positions, key_pos if key_pos is not None else cache.key_positions(b, device))
         if cache is not None and cache.cross_attn and cache.memory_mask_ready:
             memory_mask = cache.memory_mask  # computed once per source batch, not at every step
         else:
-            memory_mask = (M.padding_mask(memory_is_token)
-                           if memory_is_token is not None and not bool(memory_is_token.all()) else None)
+            padded_memory = memory_is_token is not None and (slotted or not bool(memory_is_token.all()))
+            memory_mask = M.padding_mask(memory_is_token) if padded_memory else None  # slotted: no host sync
             if cache is not None and cache.cross_attn:
                 cache.memory_mask, cache.memory_mask_ready = memory_mask, True
 
@@ -211,7 +215,7 @@ class TransformerStack(nn.Module):
             x = x + (tte if tte.dtype == x.dtype else tte.to(x.dtype))
         if self.abs_pos is not None:
             # default positions (known on the host): a slice of the table; given ones: a gather
-            pe = self.abs_pos.span(start, t) if default_positions else self.abs_pos(positions)
+            pe = self.abs_pos.span(start, t) if default_positions and not slotted else self.abs_pos(positions)
             x = x + (pe if pe.dtype == x.dtype else pe.to(x.dtype))
         if self.embed_norm is not None:
             x = self.embed_norm(x)

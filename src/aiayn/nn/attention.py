@@ -19,7 +19,6 @@ from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.linear_attention import LinearAttnState, attend_linear, linear_attention_weights
 from aiayn.nn.norms import RMSNorm
 from aiayn.nn.positions import apply_rotary
-from aiayn.nn.rolling_cache import RollingAttnCache
 
 BACKENDS = ("auto", "reference", "sdpa", "tiled", "flex")
 
@@ -327,8 +326,8 @@ class MultiHeadAttention(nn.Module):
                     q, k = self.q_norm(q), self.k_norm(k)
                 if rotary is not None:
                     q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-                if isinstance(cache, (SelfAttnCache, RollingAttnCache)):
-                    k, v = cache.append(k, v)  # (B, Hkv, S, Dh): everything cached so far (a rolling cache: the window)
+                if isinstance(cache, SelfAttnCache):
+                    k, v = cache.append(k, v)  # (B, Hkv, S, Dh): the keys this step attends over
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
             q = fold_queries(q, group)

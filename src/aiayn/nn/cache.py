@@ -3,6 +3,17 @@
 A decoder step computes keys and values only for the new tokens; the self-attention cache holds those
 of all earlier positions, and the cross-attention cache holds the projected encoder memory, computed once
 per source sentence.
+
+One cache, two ways of addressing its fixed-capacity buffer:
+
+- **by position** (the default): position i in row i of the buffer; a step reads the filled rows ``[:length]`` and
+  needs no mask while nothing is padding. The buffer doubles if a caller outgrows the capacity it asked for.
+- **by slot** (a sliding window shorter than the capacity, or ``static=True``): C slots; cache index i is written to
+  slot ``i % C`` and every slot records its cache index (-1 while empty), position id and padding flag, from which a
+  step's mask (valid, causal, within the window, not padding) is made. A one-token step writes its keys first and
+  then attends over all C slots: shapes and addresses never change from step to step, so the step can be compiled
+  and replayed (CUDA graphs); the window's rolling is the modulo. A chunk of T > 1 positions attends over the slots
+  followed by its own T keys, then stores the last min(T, C) of them.
 """
 
 from __future__ import annotations
@@ -27,11 +38,16 @@ class KVStore:
     from the keys) and doubles its capacity when a layer outgrows it.
     """
 
-    def __init__(self, n_layers: int, capacity: int) -> None:
-        self.n_layers, self.capacity = n_layers, capacity
+    def __init__(self, n_layers: int, capacity: int, slotted: bool = False) -> None:
+        self.n_layers, self.capacity, self.slotted = n_layers, capacity, slotted
         self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
         self._spare: Tensor | None = None  # reorder target, same shape as data
-        self.filled = 0  # positions written by at least one layer
+        self.filled = 0  # positions written by at least one layer (slotted: all C slots count)
+        # addressed by slot: what the current step does, set by DecoderCache.extend for every layer
+        self.step_slots: Tensor | None = None  # (t',) long: the slots of the step's stored (last t') positions
+        self.step_skip = 0  # how many leading new positions are not stored (a chunk longer than the capacity)
+        self.write_first = False  # one-token step: write, then read all C slots
+        self.read_slots = False  # a chunk: read the slots (before its writes) when any is filled
 
     def claim(self, end: int, like: Tensor | None = None) -> Tensor:
         """The buffer, holding positions up to ``end`` (its capacity doubled if needed), which count as filled.
@@ -44,11 +60,17 @@ class KVStore:
             if like is None:
                 raise RuntimeError("the cache is empty: its first positions go through SelfAttnCache.append()")
             b, h, _, d = like.shape
-            data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
+            if self.slotted:  # zeros: empty slots are masked, and 0 weight times a stale NaN would still be NaN
+                data = self.data = like.new_zeros(self.capacity, b, self.n_layers, 2, h, d)
+                self.filled = self.capacity
+            else:
+                data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
         elif like is not None and (data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])
                                    or data.dtype != like.dtype):
             raise ValueError(f"keys of shape {tuple(like.shape)} ({like.dtype}) do not fit this cache, made for "
                              f"batch {data.shape[1]}, {data.shape[4]} heads of width {data.shape[5]} ({data.dtype})")
+        if self.slotted:
+            return data
         if end > data.shape[0]:  # grow: double the capacity
             grown = data.new_empty(max(2 * data.shape[0], end), *data.shape[1:])
             grown[:self.filled] = data[:self.filled]
@@ -98,7 +120,11 @@ class SelfAttnCache:
         return None if data is None else data[:, :, self.layer, 1]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values k, v (B, Hkv, t, Dh); return all cached so far, (B, Hkv, length, Dh) views."""
+        """Store new keys/values k, v (B, Hkv, t, Dh); return the keys and values this step attends over, each
+        (B, Hkv, S, Dh): by position, all cached so far (views); by slot, the step's keys in the order its mask
+        describes (:class:`DecoderCache`)."""
+        if self.store.slotted:
+            return self._append_slots(k, v)
         end = self.length + k.shape[2]
         data = self.store.claim(end, like=k)
         slot = data[self.length:end, :, self.layer]  # (t, B, 2, Hkv, Dh)
@@ -114,12 +140,40 @@ class SelfAttnCache:
         The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in one copy (a decoding step's hot
         path), after the first :meth:`append`.
         """
+        store = self.store
+        if store.slotted:  # (B, 2 * Hkv * Dh) -> (1, B, 2, Hkv, Dh) into the step's slot of every row
+            data = store.claim(store.capacity)
+            data[:, :, self.layer].index_copy_(0, store.step_slots, kv.view(1, *data.shape[1:2], *data.shape[3:]))
+            return self._slot_views(data)
         end = self.length + 1
-        data = self.store.claim(end)
+        data = store.claim(end)
         s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
         data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
         self.length = end
         return self._views(data, end)
+
+    def _append_slots(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`append` addressed by slot: a one-token step writes, then returns all C slots; a chunk returns the
+        filled slots' keys followed by its own (copies, taken before its writes), then stores its last positions."""
+        store = self.store
+        data = store.claim(store.capacity, like=k)
+        if store.write_first:
+            stored_k, stored_v = k, v
+        else:
+            keys, values = self._slot_views(data)
+            keys = torch.cat([keys, k], dim=2) if store.read_slots else k  # (B, Hkv, [C +] t, Dh)
+            values = torch.cat([values, v], dim=2) if store.read_slots else v
+            stored_k, stored_v = k[:, :, store.step_skip:], v[:, :, store.step_skip:]
+        layer = data[:, :, self.layer]  # (C, B, 2, Hkv, Dh)
+        layer[:, :, 0].index_copy_(0, store.step_slots, stored_k.permute(2, 0, 1, 3))
+        layer[:, :, 1].index_copy_(0, store.step_slots, stored_v.permute(2, 0, 1, 3))
+        return self._slot_views(data) if store.write_first else (keys, values)
+
+    def _slot_views(self, data: Tensor) -> tuple[Tensor, Tensor]:
+        """This layer's keys and values in all C slots, as (B, Hkv, C, Dh) views of ``data`` (indexing, which a
+        compiler traces, where :meth:`_views` computes strides)."""
+        layer = data[:, :, self.layer]  # (C, B, 2, Hkv, Dh)
+        return layer[:, :, 0].permute(1, 2, 0, 3), layer[:, :, 1].permute(1, 2, 0, 3)
 
     def _views(self, data: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """This layer's keys and values at positions [:n], as (B, Hkv, n, Dh) views of ``data``."""
@@ -159,22 +213,35 @@ class CrossAttnCache:
 
 
 class DecoderCache:
-    """Everything a decoder stack keeps between steps.
+    """Everything a decoder stack keeps between steps (see the module docstring for the two ways of addressing).
+
+    Args:
+        n_layers: layers of the stack.
+        capacity: positions to hold (by position the buffer grows past it; by slot it is C, unless ``window``).
+        cross: also keep cross-attention caches (a decoder of an encoder-decoder model).
+        window: the stack's sliding window; shorter than ``capacity`` it makes a cache of ``window`` slots.
+        static: address by slot with C = ``capacity`` (no window needed): the fixed shapes a compiled step wants.
 
     Attributes:
         self_attn: one :class:`SelfAttnCache` per layer.
         cross_attn: one :class:`CrossAttnCache` per layer (empty list for decoder-only models).
         key_mask: (B, length) bool, True at real (non-padding) cached positions; None while every row's positions
             are 0 .. length - 1 and none is padding (:meth:`extend` with ``default=True``: nothing is stored, built
-            or reordered per step then; :meth:`key_positions` makes the ids on demand).
+            or reordered per step then; :meth:`key_positions` makes the ids on demand). By slot: the step's keys'.
         key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases); None with key_mask.
         padded: whether any cached position is padding (so a key mask is needed).
         memory_mask: the cross-attention padding mask (Bm, 1, 1, S) of the memory rows, or None; valid while
             ``memory_mask_ready``.
+        slotted: addressed by slot. Then ``cursor`` (1,) long is the next cache index, ``slot_index`` (C,) long,
+            ``slot_pos`` (B, C) long and ``slot_token`` (B, C) bool describe the slots, and ``step_mask``
+            (B, 1, T, S) bool is the last step's self-attention mask.
     """
 
-    def __init__(self, n_layers: int, capacity: int, cross: bool = False) -> None:
-        self.store = KVStore(n_layers, capacity)
+    def __init__(self, n_layers: int, capacity: int, cross: bool = False, window: int | None = None,
+                 static: bool = False) -> None:
+        ring = window is not None and capacity > window
+        self.slotted, self.window = static or ring, window
+        self.store = KVStore(n_layers, window if ring else capacity, slotted=self.slotted)
         self.self_attn = [SelfAttnCache(self.store, i) for i in range(n_layers)]
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
@@ -183,11 +250,26 @@ class DecoderCache:
         self.padded = False
         self.memory_mask: Tensor | None = None
         self.memory_mask_ready = False
+        self.cursor: Tensor | None = None
+        self.slot_index: Tensor | None = None
+        self.slot_pos: Tensor | None = None
+        self.slot_token: Tensor | None = None
+        self.step_mask: Tensor | None = None
 
     @property
     def length(self) -> int:
-        """Number of cached positions."""
+        """Number of cached positions (by slot: read from the device)."""
+        if self.slotted:
+            return 0 if self.cursor is None else int(self.cursor)
         return self._length
+
+    def next_positions(self, t: int, device: torch.device | str) -> Tensor:
+        """(1, T) long: the default position ids of the next T positions, ``length + arange(T)``; by slot made on the
+        device from ``cursor``, without a host sync."""
+        if self.slotted and self.cursor is not None:
+            return (self.cursor + torch.arange(t, device=device))[None]
+        start = self.length
+        return torch.arange(start, start + t, device=device)[None]
 
     def key_positions(self, rows: int, device: torch.device | str = "cpu") -> Tensor:
         """(rows|B, length) long: every cached position's id (``key_pos``, or 0 .. length - 1 broadcast over the
@@ -204,7 +286,10 @@ class DecoderCache:
         ``padded`` says whether any of the new positions is padding (the caller knows without a host sync);
         ``default`` that ``positions`` are length .. length + t - 1 in every row. While every extension is
         unpadded and default, nothing is stored: a decoding step then spends no op here nor in :meth:`reorder`.
+        By slot: the flags and ids of the step's keys (B, S), and ``step_mask`` is set.
         """
+        if self.slotted:
+            return self._extend_slots(is_token, positions)
         b, t = positions.shape
         self.padded = self.padded or padded
         if self.key_pos is None and default and not self.padded:
@@ -223,6 +308,43 @@ class DecoderCache:
         self._length += t
         return self.key_mask, self.key_pos
 
+    def _extend_slots(self, is_token: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`extend` by slot: record the new positions in their slots and make the step's mask, with device
+        ops only (no host sync, the same shapes at every one-token step)."""
+        b, t = positions.shape
+        device, c, store = positions.device, self.store.capacity, self.store
+        if is_token is None:
+            is_token = torch.ones(b, t, dtype=torch.bool, device=device)
+        started = self.cursor is not None
+        if not started:
+            self.cursor = torch.zeros(1, dtype=torch.long, device=device)
+            self.slot_index = torch.full((c,), -1, dtype=torch.long, device=device)
+            self.slot_pos = torch.zeros(b, c, dtype=torch.long, device=device)
+            self.slot_token = torch.zeros(b, c, dtype=torch.bool, device=device)
+        elif self.window is None and t > 1 and self.length + t > c:  # a one-token step past C is the caller's error
+            raise ValueError(f"{self.length} + {t} positions do not fit a static cache of {c}")
+        index = self.cursor + torch.arange(t, device=device)  # (T,) the new positions' cache indices
+        skip = max(t - c, 0)
+        slots = index[skip:] % c  # (t',) where the last t' = min(T, C) new positions go
+        store.step_slots, store.step_skip = slots, skip
+        store.write_first, store.read_slots = t == 1, started
+        if t > 1:  # the slots as they were, then the new positions (copies: the writes below change the slots)
+            key_index = torch.cat([self.slot_index, index]) if started else index
+            key_token = torch.cat([self.slot_token, is_token], dim=1) if started else is_token
+            key_pos = torch.cat([self.slot_pos, positions], dim=1) if started else positions
+        self.slot_index.index_copy_(0, slots, index[skip:])
+        self.slot_pos.index_copy_(1, slots, positions[:, skip:])
+        self.slot_token.index_copy_(1, slots, is_token[:, skip:])
+        if t == 1:
+            key_index, key_token, key_pos = self.slot_index, self.slot_token, self.slot_pos
+        visible = (key_index[None, :] >= 0) & (key_index[None, :] <= index[:, None])  # (T, S) filled and causal
+        if self.window is not None:
+            visible = visible & (key_index[None, :] > index[:, None] - self.window)
+        self.step_mask = visible[None, None] & key_token[:, None, None, :]  # (B, 1, T, S)
+        self.cursor.add_(t)
+        self.key_mask, self.key_pos = key_token, key_pos
+        return key_token, key_pos
+
     def reorder(self, index: Tensor, memory_index: Tensor | None = None, group: int = 1) -> None:
         """Keep decoder rows ``index`` (N',) long in every layer (beam search).
 
@@ -235,6 +357,9 @@ class DecoderCache:
             for c in self.cross_attn:
                 c.reorder(memory_index, group)
             self.memory_mask_ready = False  # the rows' sources changed: recompute from the new padding flags
+        if self.slot_pos is not None:
+            self.slot_pos = self.slot_pos.index_select(0, index)
+            self.slot_token = self.slot_token.index_select(0, index)
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)

@@ -99,14 +99,19 @@ class MoEFeedForward(nn.Module):
         token_ids, gates = token_ids[order], gates[order]
 
         out = torch.zeros_like(flat)  # (N, D)
-        rows = []
-        sizes = kept.tolist()  # one host sync per layer
-        for expert, (tokens, size) in enumerate(zip(token_ids.split(sizes), sizes, strict=True)):
-            if size:
-                rows.append(self.experts[expert](flat[tokens]))  # (n_e, D)
-        if rows:
-            y = torch.cat(rows) * gates[:, None]  # (kept assignments, D), in float32 as the gates
-            out.index_add_(0, token_ids, y.to(out.dtype))
+        if torch.compiler.is_compiling() and capacity is None:  # a compiled step: no data-dependent sizes, so
+            gate = torch.zeros_like(probs).scatter_(1, experts, weights)  # (N, E) every expert on every token, gated
+            for expert in range(e):
+                out += (self.experts[expert](flat) * gate[:, expert:expert + 1]).to(out.dtype)
+        else:
+            rows = []
+            sizes = kept.tolist()  # one host sync per layer
+            for expert, (tokens, size) in enumerate(zip(token_ids.split(sizes), sizes, strict=True)):
+                if size:
+                    rows.append(self.experts[expert](flat[tokens]))  # (n_e, D)
+            if rows:
+                y = torch.cat(rows) * gates[:, None]  # (kept assignments, D), in float32 as the gates
+                out.index_add_(0, token_ids, y.to(out.dtype))
 
         fraction = counts.float() / max(n, 1)  # f_i: share of tokens with expert i among their top k
         self.aux_loss = e * torch.sum(fraction * probs.mean(dim=0))

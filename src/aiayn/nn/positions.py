@@ -57,7 +57,7 @@ class SinusoidalPositions(nn.Module):
     def forward(self, positions: Tensor) -> Tensor:
         """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
         positions take :meth:`span` instead."""
-        if positions.numel():
+        if positions.numel() and not torch.compiler.is_compiling():  # compiled steps: the caller checks lengths
             _check_len(int(positions.max()), self.max_len, "sinusoidal")
         return self.table[positions + self.offset if self.offset else positions]
 
@@ -81,7 +81,7 @@ class LearnedPositions(nn.Module):
     def forward(self, positions: Tensor) -> Tensor:
         """positions (B|1, T) long -> (B|1, T, D). Reads their maximum back (a host sync); a decoding step's default
         positions take :meth:`span` instead."""
-        if positions.numel():
+        if positions.numel() and not torch.compiler.is_compiling():  # compiled steps: the caller checks lengths
             _check_len(int(positions.max()), self.max_len, "learned")
         return self.weight(positions + self.offset if self.offset else positions)
 

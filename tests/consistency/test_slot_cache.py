@@ -1,4 +1,5 @@
-"""The rolling KV cache of a sliding-window model keeps only the window, and decodes exactly as the full cache does."""
+"""The KV cache addressed by slot decodes exactly as the one addressed by position and as the full forward: a
+sliding-window model's cache of ``window`` slots (memory bounded by the window) and a static cache of fixed shapes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from aiayn import ModelConfig, build_model
 from aiayn.check import check_cached
 from aiayn.generate.lm import left_pad
 from aiayn.nn.cache import DecoderCache
-from aiayn.nn.rolling_cache import RollingDecoderCache
 
 ATOL = 1e-5
 WINDOW = 4
@@ -44,11 +44,37 @@ def test_rolling_equals_full_cache_and_full_forward(variant: str, chunks: list[i
     with torch.inference_mode():
         full = model(ids).logits
         rolling_cache = model.new_cache(ids.shape[1])
-        assert isinstance(rolling_cache, RollingDecoderCache)
+        assert rolling_cache.slotted and rolling_cache.store.capacity == WINDOW
         rolling = _decode(model, ids, rolling_cache, chunks)
         kept = _decode(model, ids, DecoderCache(model.config.n_layers, ids.shape[1]), chunks)
+        static = _decode(model, ids, model.new_cache(ids.shape[1], static=True), chunks)
     torch.testing.assert_close(rolling, kept, atol=ATOL, rtol=0)
     torch.testing.assert_close(rolling, full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(static, full, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("chunks", [[2] + [1] * 10, [5, 1, 3, 1, 1, 1]], ids=["steps", "chunks"])
+@pytest.mark.parametrize("variant", ["rope", "alibi-gqa", "t5", "learned-tiled", "sinusoidal"])
+def test_a_static_cache_without_a_window_equals_the_full_forward(variant: str, chunks: list[int]) -> None:
+    torch.manual_seed(0)
+    kw = VARIANTS.get(variant, dict(position="sinusoidal"))
+    model = build_model(ModelConfig.preset("tiny", arch="decoder", **kw)).eval()
+    ids = torch.randint(3, 64, (2, sum(chunks)))
+    with torch.inference_mode():
+        full = model(ids).logits
+        cache = model.new_cache(ids.shape[1] + 3, static=True)
+        static = _decode(model, ids, cache, chunks)
+    torch.testing.assert_close(static, full, atol=ATOL, rtol=0)
+    assert cache.store.data.shape[0] == ids.shape[1] + 3 and cache.length == ids.shape[1]
+
+
+def test_a_static_cache_refuses_a_chunk_past_its_capacity() -> None:
+    model = build_model(ModelConfig.preset("tiny", arch="decoder")).eval()
+    with torch.inference_mode():
+        cache = model.new_cache(6, static=True)
+        model(torch.randint(3, 64, (1, 4)), cache=cache)
+        with pytest.raises(ValueError, match="do not fit a static cache of 6"):
+            model(torch.randint(3, 64, (1, 3)), cache=cache)
 
 
 def test_memory_is_bounded_by_the_window() -> None:
@@ -58,8 +84,8 @@ def test_memory_is_bounded_by_the_window() -> None:
         cache = model.new_cache(64)
         _decode(model, ids, cache, [5] + [1] * 35)
     for layer in cache.self_attn:
-        assert layer.k.shape == layer.v.shape == (3, 2, WINDOW, 8)  # (B, Hkv, W, Dh) after 40 positions
-    assert cache.slot_pos.shape == (3, WINDOW) and cache.key_index.numel() == WINDOW + 1
+        assert layer.k.shape == layer.v.shape == (WINDOW, 3, 2, 8)  # (W, B, Hkv, Dh) after 40 positions
+    assert cache.slot_pos.shape == (3, WINDOW) and cache.step_mask.shape == (3, 1, 1, WINDOW)
     assert cache.length == 40
 
 
@@ -102,10 +128,10 @@ def test_an_encoder_decoder_with_a_window_decodes_as_its_full_forward() -> None:
         memory, src_is_token, _ = model.encode(src)
         full = model.decode(tgt, memory, src_is_token).logits
         cache = model.new_cache(16)
-        assert isinstance(cache, RollingDecoderCache)
+        assert cache.slotted
         steps = [model.decode(tgt[:, t:t + 1], memory, src_is_token, cache=cache).logits for t in range(11)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=ATOL, rtol=0)
 
 
-def test_a_capacity_within_the_window_keeps_the_full_cache() -> None:
-    assert type(_model(position="rope").new_cache(WINDOW)) is DecoderCache
+def test_a_capacity_within_the_window_keeps_the_cache_addressed_by_position() -> None:
+    assert not _model(position="rope").new_cache(WINDOW).slotted
