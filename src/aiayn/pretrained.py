@@ -18,6 +18,18 @@ from aiayn.tokenize import Tokenizer, load_tokenizer
 from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
 
 
+class Tokenizers(dict):
+    """A checkpoint's tokenizers by role; a role it lacks (converted with ``--no-tokenizer``) is one clear error."""
+
+    def __init__(self, directory: Path, items: dict[str, Tokenizer]) -> None:
+        super().__init__(items)
+        self.directory = directory
+
+    def __missing__(self, role: str) -> Tokenizer:
+        raise AiaynError(f"{self.directory}: the checkpoint has no {role!r} tokenizer (it was converted with "
+                         "--no-tokenizer); convert the model again from a folder that holds its tokenizer files")
+
+
 @dataclass
 class Pretrained:
     """A loaded checkpoint.
@@ -158,4 +170,4 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
 
         cast_for_inference(model, dtype)
     accelerate(model, "decode", accel)
-    return Pretrained(model, config, tokenizers, meta)
+    return Pretrained(model, config, Tokenizers(d, tokenizers), meta)

@@ -15,6 +15,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -388,6 +389,73 @@ def test_a_corrupt_or_incomplete_folder_is_one_error_naming_the_file(converted, 
         from_hf(folder, tmp_path / "out")
     with pytest.raises(AiaynError, match="no such folder"):
         from_hf(tmp_path / "absent", tmp_path / "out")
+
+
+def test_damaged_tensor_bytes_are_named_as_a_damaged_file(converted, tmp_path: Path) -> None:
+    """Bytes of a tensor changed into NaN or infinity: the conversion names the file and the tensor (not "the run
+    diverged", which is about training)."""
+    from safetensors.torch import save_file
+
+    folder = _copy_folder(converted["llama"][2], tmp_path / "hf")
+    state = load_file(str(converted["llama"][2] / "model.safetensors"))
+    key = sorted(state)[3]
+    state[key].view(-1)[5] = float("nan")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(AiaynError, match=rf"model\.safetensors: tensor '{re.escape(key)}' holds NaN or infinite "
+                                         r"values; the file is damaged: download it again"):
+        from_hf(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_folder_without_tokenizer_files_is_refused_or_converted_weights_only(
+        family: str, converted, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """No tokenizer files: one error saying so (never an empty tokenizer); with --no-tokenizer the weights convert,
+    logits equal transformers', and a command that needs the tokenizer names what is missing."""
+    ref, tok, folder, _ = converted[family]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (folder / name).exists():
+            (bare / name).write_bytes((folder / name).read_bytes())
+    assert main(["convert", "--from-hf", str(bare), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no tokenizer files" in err and "--no-tokenizer" in err
+    assert not (tmp_path / "out").exists()
+    assert main(["convert", "--from-hf", str(bare), "--out", str(tmp_path / "out"), "--no-tokenizer"]) == 0
+    assert "weights only" in capsys.readouterr().out
+    pre = load_pretrained(tmp_path / "out", accel="none")
+    ids, mask, positions = _batch(len(tok))
+    with torch.no_grad():
+        _close(pre.model(ids[:1]).logits, ref(input_ids=ids[:1]).logits)
+    assert main(["generate", "--checkpoint", str(tmp_path / "out"), "--prompt", "hello", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no 'text' tokenizer" in err and "--no-tokenizer" in err
+
+
+def test_a_tokenizer_of_another_model_is_refused(converted, tmp_path: Path) -> None:
+    """Tokenizer files that contradict config.json (another model's, or a vocabulary far smaller than the
+    embedding) are one error naming the mismatch."""
+    folder = _copy_folder(converted["llama"][2], tmp_path / "hf", skip=())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
+    with pytest.raises(AiaynError, match=r"the tokenizer contradicts config\.json \(eos_token_id 7: the tokenizer's "
+                                         r"EOS is \d+\)"):
+        from_hf(folder, tmp_path / "out")
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": [7, config["eos_token_id"]]}))
+    assert from_hf(folder, tmp_path / "out").is_dir()  # one of a list of EOS ids (as Llama 3 lists them)
+    small = _copy_folder(converted["llama"][2], tmp_path / "small", skip=())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 4 * config["vocab_size"]}))
+    state = load_file(str(small / "model.safetensors"))
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        if key in state:
+            state[key] = torch.cat([state[key]] * 4)
+    from safetensors.torch import save_file
+
+    save_file(state, str(small / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(AiaynError, match=r"tokens for a model of \d+ embedding rows; the tokenizer files are of "
+                                         "another model"):
+        from_hf(small, tmp_path / "out2")
 
 
 def test_a_hub_name_offline_says_so_and_how_to_fix_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

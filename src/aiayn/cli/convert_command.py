@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from aiayn.cli.commands import command
+from aiayn.errors import AiaynError
 
 
 @command("convert", "Convert a Hugging Face transformers model (a folder, or a Hub name: from the local cache, else "
@@ -20,6 +21,9 @@ def _convert(p: argparse.ArgumentParser) -> None:
                    help="the folder to write: an aiayn checkpoint (--from-hf) or a transformers folder (--to-hf); "
                         "a new or empty folder, or the output of an earlier conversion of the same direction (its "
                         "files are replaced); never the source, nor a folder inside or around it")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="--from-hf: convert the weights alone, for a folder without tokenizer files (commands that "
+                        "need a tokenizer then say it is missing)")
     p.add_argument("--overwrite", action="store_true",
                    help="also write into a folder that holds other things: the conversion's files replace those of "
                         "the same names, and nothing else there is changed or removed")
@@ -28,9 +32,12 @@ def _convert(p: argparse.ArgumentParser) -> None:
         from aiayn.hf import from_hf, to_hf
 
         if args.from_hf:
-            out = from_hf(args.from_hf, args.out, overwrite=args.overwrite)
-            print(f"wrote the aiayn checkpoint {out}")
+            out = from_hf(args.from_hf, args.out, overwrite=args.overwrite, tokenizer=not args.no_tokenizer)
+            print(f"wrote the aiayn checkpoint {out}" + (" (weights only, no tokenizer)" if args.no_tokenizer else ""))
             return 0
+        if args.no_tokenizer:
+            raise AiaynError("--no-tokenizer applies to --from-hf; --to-hf writes the checkpoint's tokenizer when it "
+                             "has one")
         notes: list[str] = []
         out = to_hf(args.to_hf, args.out, say=notes.append, overwrite=args.overwrite)
         for note in notes:

@@ -58,7 +58,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
         if not prompts:
             prompts, names = [""], ["prompt 1"]
         pre = _load(args)
-        if pre.task != "lm" or "text" not in pre.tokenizers:
+        if pre.task != "lm":
             raise AiaynError(f"{args.checkpoint}: a {pre.task!r} checkpoint; generate needs a language model "
                              "(task lm, e.g. trained from recipes/shakespeare-char.toml)")
         codec = codec_from_meta(pre.tokenizers["text"], pre.meta)

@@ -95,7 +95,7 @@ def _complete_ties(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tens
     return state
 
 
-def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = False, tokenizer: bool = True) -> Path:
     """Convert a transformers model folder (or a Hub name) into an aiayn checkpoint directory.
 
     The checkpoint holds the model (float32), the folder's tokenizer (its own special ids) and the task's entries,
@@ -109,18 +109,21 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
             replaced); any other folder only with ``overwrite`` (:func:`aiayn.output_folder.check_output_folder`).
         overwrite: write the checkpoint's files into a folder that holds other things (only files of the same
             names are replaced; nothing else there is changed or removed).
+        tokenizer: read the folder's tokenizer (checked against config.json: :func:`aiayn.hf.vocab.read_tokenizer`);
+            False converts the weights alone, and commands that need a tokenizer then say it is missing.
 
     Returns:
         The checkpoint directory.
 
     Raises:
         AiaynError: missing or corrupt files (named), an unsupported ``model_type`` (named, with the supported
-            ones), settings aiayn cannot represent, a tokenizer that does not fit the model; ``out`` is the source
-            (or inside it, or around it), or a folder of something else and ``overwrite`` is false.
+            ones), settings aiayn cannot represent, no tokenizer files, a tokenizer that does not fit the model;
+            ``out`` is the source (or inside it, or around it), or a folder of something else and ``overwrite`` is
+            false.
     """
+    from aiayn.hf.vocab import read_tokenizer
     from aiayn.models.build import build_model
     from aiayn.output_folder import CHECKPOINT, check_output_folder
-    from aiayn.tokenize import PretrainedTokenizer
     from aiayn.train.checkpoint import save_checkpoint
 
     if not Path(path_or_name).exists():  # a Hub name: refuse a bad ``out`` before downloading
@@ -134,11 +137,7 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
     except AiaynError as e:
         raise AiaynError(f"{folder / CONFIG}: {e}") from None
     config = ModelConfig.from_dict(fields, f"{folder / CONFIG} (converted)")
-    start = hf.get("decoder_start_token_id")
-    tok = PretrainedTokenizer.from_folder(folder, decoder_start_id=start if isinstance(start, int) else None)
-    if tok.vocab_size > config.target_vocab_size:
-        raise AiaynError(f"{folder}: the tokenizer has {tok.vocab_size} tokens but the model's embedding only "
-                         f"{config.target_vocab_size} rows; the tokenizer files are of another model")
+    tok = read_tokenizer(folder, hf, config) if tokenizer else None
     weights = read_weights(folder)
     source = ", ".join(f.name for f in weight_files(folder))
     try:
@@ -152,11 +151,11 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
     _check_fit(model, state, folder / source.split(", ")[0])
     meta: dict[str, Any] = {
         "task": family.task, "model": config.to_dict(),
-        "tokenizers": {role: TOKENIZER_FILE for role in ROLES.get(family.task, ("text",))}, **extra,
+        "tokenizers": {role: TOKENIZER_FILE for role in ROLES.get(family.task, ("text",))} if tok else {}, **extra,
         "hf_config": hf, "converted_from": {"source": str(path_or_name), "family": family.name,
                                             "weights": source}}
-    return save_checkpoint(out, state, meta, tokenizer_writer=lambda d: tok.save(Path(d) / TOKENIZER_FILE),
-                           into=into)
+    writer = (lambda d: tok.save(Path(d) / TOKENIZER_FILE)) if tok else None
+    return save_checkpoint(out, state, meta, tokenizer_writer=writer, into=into)
 
 
 def _check_fit(model: nn.Module, state: dict[str, Tensor], where: Path) -> None:

@@ -105,11 +105,20 @@ def _read_one(file: Path) -> dict[str, Tensor]:
     return state
 
 
+def _check_finite(file: Path, part: dict[str, Tensor]) -> None:
+    """Raise an AiaynError naming the first tensor of ``file`` with a NaN or an infinity (damaged bytes)."""
+    for key, tensor in part.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise AiaynError(f"{file}: tensor {key!r} holds NaN or infinite values; the file is damaged: download it "
+                             "again")
+
+
 def read_weights(folder: str | Path) -> dict[str, Tensor]:
-    """Every tensor of the folder's weights (shards merged), by transformers' key."""
+    """Every tensor of the folder's weights (shards merged), by transformers' key; each must be finite."""
     state: dict[str, Tensor] = {}
     for file in weight_files(folder):
         part = _read_one(file)
+        _check_finite(file, part)
         twice = set(state) & set(part)
         if twice:
             raise AiaynError(f"{file}: holds {sorted(twice)[0]!r} that another shard holds too; the shards are of "
