@@ -38,8 +38,8 @@ class KVStore:
     from the keys) and doubles its capacity when a layer outgrows it.
     """
 
-    def __init__(self, n_layers: int, capacity: int, slotted: bool = False) -> None:
-        self.n_layers, self.capacity, self.slotted = n_layers, capacity, slotted
+    def __init__(self, n_layers: int, capacity: int, slotted: bool = False, static: bool = False) -> None:
+        self.n_layers, self.capacity, self.slotted, self.static = n_layers, capacity, slotted or static, static
         self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
         self._spare: Tensor | None = None  # reorder target, same shape as data
         self.filled = 0  # positions written by at least one layer (slotted: all C slots count)
@@ -63,6 +63,8 @@ class KVStore:
             if self.slotted:  # zeros: empty slots are masked, and 0 weight times a stale NaN would still be NaN
                 data = self.data = like.new_zeros(self.capacity, b, self.n_layers, 2, h, d)
                 self.filled = self.capacity
+                if self.static:
+                    static_address(data)
             else:
                 data = self.data = like.new_empty(max(self.capacity, end), b, self.n_layers, 2, h, d)
         elif like is not None and (data.shape[1:] != (like.shape[0], self.n_layers, 2, like.shape[1], like.shape[3])
@@ -86,6 +88,9 @@ class KVStore:
         if data is None:
             return
         b, b_new = data.shape[1], index.shape[0]
+        if self.static and b == b_new:  # in place: a compiled step keeps reading the same addresses
+            data.copy_(data.index_select(1, index))
+            return
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
         new, width = self._spare, math.prod(data.shape[2:])
@@ -93,6 +98,8 @@ class KVStore:
                            out=new.view(-1, width)[:n * b_new])
         self.data = new
         self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
+        if self.static:
+            static_address(new)
 
 
 class SelfAttnCache:
@@ -184,6 +191,13 @@ class SelfAttnCache:
         return data.as_strided(shape, strides, base), data.as_strided(shape, strides, base + s_kv)
 
 
+def static_address(*tensors: Tensor) -> None:
+    """Mark buffers that a compiled step writes in place as living at fixed addresses, so that CUDA graphs replay
+    over them instead of copying them at every step (``torch._dynamo.mark_static_address``)."""
+    for t in tensors:
+        torch._dynamo.mark_static_address(t, guard=False)
+
+
 def time_major_index(index: Tensor, length: int, batch: int) -> Tensor:
     """Rows of a flattened (length, batch) time-major block that keep batch rows ``index`` at every position:
     (length * B',) long, ``t * batch + index[j]`` at ``t * B' + j``; ``index`` (B',) long, or (length, B') for a row
@@ -241,7 +255,8 @@ class DecoderCache:
                  static: bool = False) -> None:
         ring = window is not None and capacity > window
         self.slotted, self.window = static or ring, window
-        self.store = KVStore(n_layers, window if ring else capacity, slotted=self.slotted)
+        self.static = static
+        self.store = KVStore(n_layers, window if ring else capacity, slotted=self.slotted, static=static)
         self.self_attn = [SelfAttnCache(self.store, i) for i in range(n_layers)]
         self.cross_attn = [CrossAttnCache() for _ in range(n_layers)] if cross else []
         self.key_mask: Tensor | None = None
@@ -321,6 +336,8 @@ class DecoderCache:
             self.slot_index = torch.full((c,), -1, dtype=torch.long, device=device)
             self.slot_pos = torch.zeros(b, c, dtype=torch.long, device=device)
             self.slot_token = torch.zeros(b, c, dtype=torch.bool, device=device)
+            if self.static:
+                static_address(self.cursor, self.slot_index, self.slot_pos, self.slot_token)
         elif self.window is None and t > 1 and self.length + t > c:  # a one-token step past C is the caller's error
             raise ValueError(f"{self.length} + {t} positions do not fit a static cache of {c}")
         index = self.cursor + torch.arange(t, device=device)  # (T,) the new positions' cache indices
@@ -357,9 +374,14 @@ class DecoderCache:
             for c in self.cross_attn:
                 c.reorder(memory_index, group)
             self.memory_mask_ready = False  # the rows' sources changed: recompute from the new padding flags
-        if self.slot_pos is not None:
+        if self.slot_pos is not None and self.static and index.shape[0] == self.slot_pos.shape[0]:
+            self.slot_pos.copy_(self.slot_pos.index_select(0, index))  # in place, as the store
+            self.slot_token.copy_(self.slot_token.index_select(0, index))
+        elif self.slot_pos is not None:
             self.slot_pos = self.slot_pos.index_select(0, index)
             self.slot_token = self.slot_token.index_select(0, index)
+            if self.static:
+                static_address(self.slot_pos, self.slot_token)
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)
