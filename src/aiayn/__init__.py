@@ -1,7 +1,8 @@
 """aiayn: the Transformer of *Attention Is All You Need* and its modern family, on PyTorch.
 
-    from aiayn import ModelConfig, build_model
+    from aiayn import ModelConfig, build_model, embed
     model = build_model(ModelConfig.preset("paper-base"))
+    vectors = embed("runs/minilm", ["A man is eating food."])  # (1, 384): a converted sentence-transformers model
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ _EXPORTS = {
     "ModelConfig": "aiayn.config", "PRESETS": "aiayn.config", "AiaynError": "aiayn.errors",
     "build_model": "aiayn.models", "DecoderModel": "aiayn.models", "EncoderModel": "aiayn.models",
     "EncoderDecoderModel": "aiayn.models", "ModelOutput": "aiayn.models", "count_parameters": "aiayn.models",
-    "forward_flops_per_token": "aiayn.models",
+    "forward_flops_per_token": "aiayn.models", "embed": "aiayn.tasks.embedding",
 }
 __all__ = ["ModelConfig", "PRESETS", "AiaynError", "build_model", "DecoderModel", "EncoderModel",
-           "EncoderDecoderModel", "ModelOutput", "count_parameters", "forward_flops_per_token"]
+           "EncoderDecoderModel", "ModelOutput", "count_parameters", "forward_flops_per_token", "embed"]
 
 if TYPE_CHECKING:  # what static tools see
     from aiayn.config import PRESETS, ModelConfig

@@ -52,6 +52,10 @@ class Pretrained:
         return self.meta.get("task", "unknown")
 
 
+#: how an ``embedding`` checkpoint pools its hidden states into one vector (:mod:`aiayn.tasks.embedding`)
+EMBEDDING_POOLINGS = ("mean", "cls", "max", "last")
+
+
 def _is_whole(v: Any, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
@@ -71,6 +75,9 @@ _META_RULES: dict[str, tuple[str, Any]] = {
     "block_size": ("null or a whole number >= 2", lambda v: v is None or _is_whole(v, 2)),
     "max_len": ("a whole number >= 3", lambda v: _is_whole(v, 3)),
     "newline_symbol": ("null or a string", lambda v: v is None or isinstance(v, str)),
+    "embedding": (f"a table with pooling ({', '.join(EMBEDDING_POOLINGS)}) and normalize (true or false)",
+                  lambda v: isinstance(v, dict) and v.get("pooling") in EMBEDDING_POOLINGS and all(
+                      isinstance(v.get(k, False), bool) for k in ("normalize", "lowercase"))),
 }
 
 

@@ -577,8 +577,8 @@ def test_refused_settings_are_named(tmp_path: Path) -> None:
         bert.config_from_hf({"model_type": "bert", "position_embedding_type": "relative_key"})
     with pytest.raises(AiaynError, match="num_labels=1"):
         bert.config_from_hf({"model_type": "bert", "num_labels": 1})
-    with pytest.raises(AiaynError, match="BertModel"):
-        family_for_hf({"model_type": "bert", "architectures": ["BertModel"]})
+    with pytest.raises(AiaynError, match="BertForTokenClassification.*BertModel"):
+        family_for_hf({"model_type": "bert", "architectures": ["BertForTokenClassification"]})
 
 
 # ---------------------------------------------------------------------------------------------- the aiayn command

@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     from aiayn.cli import (
         commands,
         convert_command,  # noqa: F401  (registers convert)
+        embed_command,  # noqa: F401  (registers embed)
         inspect_command,  # noqa: F401  (registers inspect)
         lm_commands,  # noqa: F401  (registers generate and classify)
     )

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.hf import sentence
 from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported_model_types
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
 
@@ -136,6 +137,7 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
         fields, extra = family.config_from_hf(hf)
     except AiaynError as e:
         raise AiaynError(f"{folder / CONFIG}: {e}") from None
+    extra = sentence.read_entries(folder, family.task, fields, extra)  # a sentence-transformers folder's pooling
     config = ModelConfig.from_dict(fields, f"{folder / CONFIG} (converted)")
     tok = read_tokenizer(folder, hf, config) if tokenizer else None
     weights = read_weights(folder)
@@ -243,7 +245,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
             ids["decoder_start_token_id"] = tok.decoder_start_id
         hf.update({k: v for k, v in ids.items() if v is not None or k == "pad_token_id"})
     state = family.state_to_hf(read_state_dict(d), config)
-    folder, wrote = write_folder(into, hf, state, tok, config.max_len)
+    folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model))
     if tok is not None and not wrote and say:
         say(f"{d}: a {tok.kind!r} tokenizer has no transformers form; the folder holds the model only")
     if tok is None and say:

@@ -1,4 +1,5 @@
-"""BERT: ``BertForMaskedLM`` (task "mlm") and ``BertForSequenceClassification`` (task "classification").
+"""BERT: ``BertForMaskedLM`` (task "mlm"), ``BertForSequenceClassification`` (task "classification") and the bare
+``BertModel`` (task "embedding", sentence-transformers folders included).
 
 BERT is the ``bert-base`` preset's shape: learned positions, token-type (segment) embeddings and a LayerNorm after
 the embeddings (``n_token_types``, ``embedding_norm``), post-LN, GELU, biases everywhere. ``query``, ``key`` and
@@ -10,6 +11,12 @@ A masked-LM folder's pooler and next-sentence head (``BertForPreTraining``) are 
 model has no such parts. A classifier has no masked-LM head; its aiayn ``mlm_head`` is written as zeros. A
 classifier's labels are its class ids (``"0"``, ``"1"``, ...: what a GLUE file writes) and its ``id2label`` names
 them.
+
+A bare ``BertModel`` (what a sentence-transformers folder holds at its root, its keys with or without the ``bert.``
+prefix) is the encoder alone: its pooling comes from the sentence-transformers files (:mod:`aiayn.hf.sentence`),
+else mean pooling without normalisation. Its pooler (dense + tanh on ``[CLS]``, which sentence-transformers does not
+use) is not kept, so the ``BertModel`` written back has none and transformers initialises one afresh on loading;
+aiayn's ``mlm_head`` is zeros with its output layer tied to the embedding (no weights of its own; unused).
 """
 
 from __future__ import annotations
@@ -121,6 +128,13 @@ def classifier_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[
     return {**fields, "n_classes": n}, meta
 
 
+def embedding_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    from aiayn.hf.sentence import default_entry
+
+    fields = {**_bert_fields(hf, "bert"), "tie_embeddings": True}  # the unused masked-LM output layer: the embedding
+    return fields, {"max_len": fields["max_len"], "embedding": default_entry("mean")}
+
+
 def _wanted(config: ModelConfig) -> dict[str, Any]:
     return dict(arch="encoder", position="learned", position_offset=0, norm="layernorm", norm_position="post",
                 deepnorm=False, activation="gelu", bias=True, qkv_bias=(None, True), n_kv_heads=(None, config.n_heads),
@@ -152,6 +166,12 @@ def classifier_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[s
     return {**_bert_to_hf(config, "BertForSequenceClassification"), "num_labels": n,
             "id2label": {str(i): x for i, x in enumerate(labels)}, "label2id": {x: i for i, x in enumerate(labels)},
             "problem_type": "single_label_classification"}
+
+
+def embedding_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    refuse("bert", mismatches(config, {**_wanted(config), "n_classes": None}, "BertModel"))
+    base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else {}
+    return {**_bert_to_hf(config, "BertModel"), "tie_word_embeddings": bool(base.get("tie_word_embeddings", True))}
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -203,6 +223,17 @@ def mlm_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any])
     return out
 
 
+def _no_mlm_head(config: ModelConfig) -> StateDict:
+    """aiayn's masked-LM head for a folder without one (a classifier, a bare encoder): zeros."""
+    d, v = config.d_model, config.vocab_size
+    out = {"mlm_head.bias": torch.zeros(v), "mlm_head.dense.weight": torch.zeros(d, d),
+           "mlm_head.dense.bias": torch.zeros(d), "mlm_head.norm.weight": torch.ones(d),
+           "mlm_head.norm.bias": torch.zeros(d)}
+    if not config.tie_embeddings:
+        out["mlm_head.decoder.proj.weight"] = torch.zeros(v, d)
+    return out
+
+
 def classifier_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any]) -> StateDict:
     r = StateReader(_legacy_names(state), ignore=(r"position_ids$",))
     out = _encoder_from_hf(r, config)
@@ -210,13 +241,14 @@ def classifier_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str
         for q in ("weight", "bias"):
             out[f"{mine}.{q}"] = r.take(f"{theirs}.{q}")
     r.done()
-    d, v = config.d_model, config.vocab_size  # a classifier has no masked-LM head: aiayn's is zeros
-    out.update({"mlm_head.bias": torch.zeros(v), "mlm_head.dense.weight": torch.zeros(d, d),
-                "mlm_head.dense.bias": torch.zeros(d), "mlm_head.norm.weight": torch.ones(d),
-                "mlm_head.norm.bias": torch.zeros(d)})
-    if not config.tie_embeddings:
-        out["mlm_head.decoder.proj.weight"] = torch.zeros(v, d)
-    return out
+    return {**out, **_no_mlm_head(config)}
+
+
+def embedding_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any]) -> StateDict:
+    r = StateReader(_legacy_names(state), ignore=(r"^bert\.pooler\.", r"position_ids$"))
+    out = _encoder_from_hf(r, config)
+    r.done()
+    return {**out, **_no_mlm_head(config)}
 
 
 def _encoder_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
@@ -257,6 +289,10 @@ def classifier_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
     return out
 
 
+def embedding_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
+    return {k.removeprefix("bert."): v for k, v in _encoder_to_hf(state, config).items()}  # as BertModel saves
+
+
 register(Family(name="bert", model_types=("bert",), task="mlm", hf_class="BertForMaskedLM",
                 config_from_hf=mlm_config_from_hf, state_from_hf=mlm_state_from_hf,
                 config_to_hf=mlm_config_to_hf, state_to_hf=mlm_state_to_hf,
@@ -266,3 +302,8 @@ register(Family(name="bert-classifier", model_types=("bert",), task="classificat
                 hf_class="BertForSequenceClassification", config_from_hf=classifier_config_from_hf,
                 state_from_hf=classifier_state_from_hf, config_to_hf=classifier_config_to_hf,
                 state_to_hf=classifier_state_to_hf, architectures=("BertForSequenceClassification",)))
+
+register(Family(name="bert-embedding", model_types=("bert",), task="embedding", hf_class="BertModel",
+                config_from_hf=embedding_config_from_hf, state_from_hf=embedding_state_from_hf,
+                config_to_hf=embedding_config_to_hf, state_to_hf=embedding_state_to_hf,
+                architectures=("BertModel",)))

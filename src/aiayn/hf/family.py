@@ -59,7 +59,8 @@ class Family:
     Attributes:
         name: the family's name in messages and docs ("gpt2", "llama", "bert", ...).
         model_types: transformers ``model_type`` values this family reads (the first is the one it writes).
-        task: the aiayn task of the converted checkpoint: "lm", "translation", "classification" or "mlm".
+        task: the aiayn task of the converted checkpoint: "lm", "translation", "classification", "mlm" or
+            "embedding".
         hf_class: the transformers class written into ``architectures`` ("GPT2LMHeadModel").
         config_from_hf, state_from_hf, config_to_hf, state_to_hf: the four maps (see the module docstring).
         architectures: further ``architectures`` names this family reads (the heads a folder may name); empty
@@ -185,4 +186,5 @@ def refuse(family: str, problems: list[str]) -> None:
 
 
 #: the modules that register the built-in families
-BUILTIN_MODULES = ("aiayn.hf.decoders", "aiayn.hf.mixtral", "aiayn.hf.bert", "aiayn.hf.t5", "aiayn.hf.bart")
+BUILTIN_MODULES = ("aiayn.hf.decoders", "aiayn.hf.mixtral", "aiayn.hf.bert", "aiayn.hf.t5", "aiayn.hf.bart",
+                   "aiayn.hf.backbones")

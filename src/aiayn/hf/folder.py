@@ -168,7 +168,8 @@ def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> bool:
 
 
 def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: dict[str, Tensor],
-                 tokenizer: Tokenizer | None = None, max_len: int = 1024) -> tuple[Path, bool]:
+                 tokenizer: Tokenizer | None = None, max_len: int = 1024,
+                 files: dict[str, str] | None = None) -> tuple[Path, bool]:
     """Write a transformers model folder: ``config.json``, ``generation_config.json``, ``model.safetensors``, the
     tokenizer when given (and convertible), and ``aiayn-output.json`` (what aiayn wrote, with sizes and SHA-256).
 
@@ -179,6 +180,8 @@ def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: 
         state: transformers' state dict, each tied weight once.
         tokenizer: written as a fast tokenizer when it has a Hugging Face form.
         max_len: the tokenizer's ``model_max_length``.
+        files: more text files to write, by path relative to the folder (a sentence-transformers model's
+            ``modules.json`` and ``1_Pooling/config.json``: :func:`aiayn.hf.sentence.folder_files`).
 
     Returns:
         The folder, and whether the tokenizer was written.
@@ -201,6 +204,9 @@ def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: 
                                              "decoder_start_token_id") if config.get(k) is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
         wrote = tokenizer is not None and write_tokenizer(tmp, tokenizer, max_len)
+        for name, text in (files or {}).items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8")
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise AiaynError(f"{into.path}: cannot write the model folder ({e.strerror or e}); check the disk space and "

@@ -29,7 +29,9 @@ OVERRIDABLE = ("dropout", "attn_dropout", "ffn_dropout", "moe_capacity_factor", 
 #: further keys for a model whose head is new (a classifier from a masked-LM checkpoint)
 NEW_HEAD_KEYS = ("pooling", "init")
 #: (checkpoint task, run task) pairs besides the same task
-CROSS_TASK = {("mlm", "classification")}
+CROSS_TASK = {("mlm", "classification"), ("embedding", "classification")}
+#: tasks a recipe can train (an "embedding" checkpoint only starts other runs)
+TRAINABLE = ("lm", "mlm", "classification", "translation", "image_classification")
 
 
 def init_from_name(recipe: dict[str, Any]) -> str | None:
@@ -66,8 +68,8 @@ def source_problems(recipe: dict[str, Any], task: str) -> tuple[Path | None, dic
                             "--from-hf wrote)"]
     if source != task and (source, task) not in CROSS_TASK:
         return None, None, [f"{where}: a {source!r} checkpoint cannot start a {task!r} run; give a {task!r} "
-                            "checkpoint" + (" (or an 'mlm' one)" if task == "classification" else "")
-                            + f", or set task = \"{source}\""]
+                            "checkpoint" + (" (or an 'mlm' or 'embedding' one)" if task == "classification" else "")
+                            + (f", or set task = \"{source}\"" if source in TRAINABLE else "")]
     problems = []
     allowed = OVERRIDABLE + (NEW_HEAD_KEYS if (source, task) in CROSS_TASK else ())
     fixed = sorted(k for k in recipe["model"] if k not in allowed and k != "init_from")
