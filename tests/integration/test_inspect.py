@@ -108,7 +108,8 @@ def test_the_offline_page_embeds_the_record_and_fetches_nothing(records, tmp_pat
     record = {**records["translation"], "input": "<!--<script></script><script>alert(1)</script>"}
     page = write_html(record, tmp_path / "x.html").read_text(encoding="utf-8")
     assert set(re.findall(r"https?://[^\s\"')]+", page)) <= {"http://www.w3.org/2000/svg"}  # a name, not fetched
-    assert "src=" not in page and "<link" not in page and "@import" not in page
+    assert "src=" not in page and "@import" not in page
+    assert re.findall(r"<link[^>]*>", page) == [re.search(r'<link rel="icon" href="data:[^"]*">', page).group()]
     tag = '<script id="record" type="application/json">'
     start = page.index(tag) + len(tag)
     embedded = page[start:page.index("</script>", start)]
@@ -212,3 +213,57 @@ def test_translate_and_generate_save_the_attention_of_their_outputs(inspect_chec
     (record,) = json.loads((tmp_path / "gen.json").read_text())["records"]
     assert record["input"] == text and "wrote the attention of 1 input(s)" in out.err
     assert len(record["attention"]["decoder"][0][0]) == len(record["tokens"]["decoder"])
+
+
+def test_a_long_input_says_what_the_model_kept(inspect_checkpoints) -> None:
+    words = "the small dog runs near the river , the cat sleeps over the house .".split()
+    long_text = " ".join(words * 6)  # 90 words: over every tiny checkpoint's limit
+    lm = inspect_text(load_pretrained(inspect_checkpoints["lm"]), long_text)
+    cut = lm["cut"]  # a language model reads the last block_size (32) tokens
+    assert (cut["tokens"], cut["limit"], cut["kept"]) == (90, 32, "last")
+    assert cut["kept_text"] == " ".join((words * 6)[-32:]) and lm["tokens"]["decoder"] == (words * 6)[-32:]
+    assert "90 tokens, more than the 32 the model takes" in cut["message"] and lm["notes"] == [cut["message"]]
+    mt = inspect_text(load_pretrained(inspect_checkpoints["translation"]), long_text)
+    assert (mt["cut"]["tokens"], mt["cut"]["limit"], mt["cut"]["kept"]) == (90, 64, "first")
+    assert mt["tokens"]["encoder"] == (words * 6)[:64] and "first 64 tokens were translated" in mt["cut"]["message"]
+    cls = inspect_text(load_pretrained(inspect_checkpoints["classification"]), long_text)
+    assert (cls["cut"]["tokens"], cls["cut"]["limit"], cls["cut"]["kept"]) == (92, 32, "first")  # <s> text </s>
+    assert cls["cut"]["kept_text"] == " ".join((words * 6)[:31])  # the start token is not text
+    assert len(cls["tokens"]["encoder"]) == 32 and "first 31 tokens are classified" in cls["cut"]["message"]
+    short = inspect_text(load_pretrained(inspect_checkpoints["lm"]), "the small dog")
+    assert short["cut"] is None and short["notes"] == []
+    unknown = inspect_text(load_pretrained(inspect_checkpoints["lm"]), "the zebra quokka dog")
+    assert unknown["notes"] == ["2 of the 4 input tokens are unknown to the tokenizer (words or characters absent "
+                                "from its training data): the model reads each as <unk>"]
+
+
+def test_the_header_names_the_real_size(records) -> None:
+    model = records["translation"]["model"]  # built from the paper-base preset at d_model 32
+    assert model["name"] is None and model["design"] == "paper-base"
+    assert (model["d_model"], model["d_ff"], model["n_heads"], model["n_layers"]) == (32, 48, 4, 2)
+    assert model["parameters"] > 0
+
+
+def test_the_example_without_an_input_is_one_the_vocabulary_knows() -> None:
+    from types import SimpleNamespace
+
+    from aiayn.cli.inspect_command import EXAMPLES, _example
+    from aiayn.demos.translation import DEMO_SENTENCES
+    from aiayn.tokenize import WordTokenizer
+
+    demo = WordTokenizer.train(DEMO_SENTENCES)  # the demo's grammar has no "man" nor "bicycle"
+    assert _example(SimpleNamespace(task="translation", tokenizers={"src": demo})) == DEMO_SENTENCES[0]
+    known = WordTokenizer.train([EXAMPLES["translation"]])
+    assert _example(SimpleNamespace(task="translation", tokenizers={"src": known})) == EXAMPLES["translation"]
+
+
+def test_the_notebook_view_holds_a_step_through(inspect_checkpoints) -> None:
+    from aiayn.inspect import show
+
+    view = show(inspect_checkpoints["lm"], "the small dog runs")
+    steps = view.record["steps"]  # the explorer's first choice: layer 0, head 0, the last token
+    assert (steps["kind"], steps["layer"], steps["head"], steps["query"]) == ("decoder", 0, 0, 3)
+    assert steps["neurons"]["scores"] and "Step-through" in view._repr_html_()
+    other = show(inspect_checkpoints["lm"], "the small dog runs", steps={"kind": "decoder", "layer": 1, "head": 2,
+                                                                         "query": 1})
+    assert (other.record["steps"]["layer"], other.record["steps"]["head"], other.record["steps"]["query"]) == (1, 2, 1)

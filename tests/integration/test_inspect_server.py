@@ -1,10 +1,22 @@
-"""The explorer's server, driven over real HTTP: the page, new inputs, and every limit (413, 422, 429, 504)."""
+"""The explorer's server, driven over real HTTP on loopback: the page, new inputs, and every limit.
+
+Every bad body (not UTF-8, not JSON, nested 5,000 deep, a number of 5,000 digits, a lone surrogate, wrong types,
+missing and unknown fields, too large, too slow, a client gone mid-body) gets one JSON 4xx with the reason, on a
+connection that stays open; nothing reaches the server's log as a traceback. Overload gets JSON 429 with
+Retry-After, whatever idle connections are open, and a port in use is one message and exit 2.
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
+import logging
+import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,15 +25,53 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from aiayn.cli.main import main  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.inspect import inspect_text  # noqa: E402
-from aiayn.inspect.server import Limits, build_app, is_loopback  # noqa: E402
+from aiayn.inspect.server import Limits, bind, build_app, is_loopback, parse_json  # noqa: E402
 from aiayn.pretrained import load_pretrained  # noqa: E402
+
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
 def lm(inspect_checkpoints: dict[str, Path]):
     pre = load_pretrained(inspect_checkpoints["lm"])
     return pre, inspect_text(pre, "the small dog")
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def server_log() -> Iterator[list[logging.LogRecord]]:
+    """What the server logs during the test (uvicorn's loggers and aiayn's), as records."""
+    handler = _Records()
+    names = ["", "uvicorn", "uvicorn.error", "uvicorn.access", "aiayn.inspect"]
+    for name in names:
+        logging.getLogger(name).addHandler(handler)
+    yield handler.records
+    for name in names:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def _no_traceback(records: list[logging.LogRecord], capfd: pytest.CaptureFixture) -> None:
+    assert [r.getMessage() for r in records if r.exc_info or r.levelno >= logging.ERROR] == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes, path: str = "/api/inspect") -> tuple[int, dict, dict]:
+    conn.request("POST", path, body=body, headers=JSON)
+    response = conn.getresponse()
+    raw = response.read()
+    assert response.getheader("content-type", "").startswith("application/json"), raw[:200]
+    return response.status, json.loads(raw), dict(response.getheaders())
 
 
 def test_the_page_and_a_new_input(lm, serve) -> None:
@@ -35,14 +85,19 @@ def test_the_page_and_a_new_input(lm, serve) -> None:
         assert answer.status_code == 200
         assert answer.json()["tokens"]["decoder"] == ["a", "red", "bird", "sings"]
         assert answer.json() == inspect_text(pre, "a red bird sings")
+        long_text = " ".join(["a red bird sings over the house ."] * 5)  # 40 tokens; the model reads the last 32
+        cut = client.post("/api/inspect", json={"text": long_text}).json()["cut"]
+        assert (cut["tokens"], cut["limit"], cut["kept"]) == (40, 32, "last")
+        assert "40 tokens, more than the 32 the model takes" in cut["message"]
+        icon = client.get("/favicon.ico")  # browsers ask for it; no 404 on every load
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
 
 
 def test_bad_requests_get_one_clear_answer(lm, serve) -> None:
     pre, first = lm
     limits = Limits(max_body=200, max_chars=40)
     with serve(build_app(pre, first, limits)) as url, httpx.Client(base_url=url, timeout=30) as client:
-        big = client.post("/api/inspect", content=b'{"text": "' + b"a" * 300 + b'"}',
-                          headers={"content-type": "application/json"})
+        big = client.post("/api/inspect", content=b'{"text": "' + b"a" * 300 + b'"}', headers=JSON)
         assert big.status_code == 413 and "over 200 bytes" in big.json()["error"]
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: the body is counted as it streams
@@ -51,15 +106,110 @@ def test_bad_requests_get_one_clear_answer(lm, serve) -> None:
                 yield b"a" * 50
             yield b'"}'
 
-        streamed = client.post("/api/inspect", content=chunks(), headers={"content-type": "application/json"})
+        streamed = client.post("/api/inspect", content=chunks(), headers=JSON)
         assert streamed.status_code == 413
         for body, message in ((b"not json", "not JSON"), (b'["a"]', "JSON object"), (b'{"text": ""}', "non-empty"),
                               (b'{"text": 3}', "non-empty"), (b'{"text": "' + b"b" * 41 + b'"}', "the most is 40"),
                               (b'{"text": "a", "beam": 0}', "beam"), (b'{"text": "a", "x": 1}', "unknown field")):
-            answer = client.post("/api/inspect", content=body, headers={"content-type": "application/json"})
+            answer = client.post("/api/inspect", content=body, headers=JSON)
             assert answer.status_code == 422 and message in answer.json()["error"], body
-        assert client.get("/api/inspect").status_code == 405
-        assert client.get("/nothing").status_code == 404
+        for path, method, status in (("/api/inspect", "GET", 405), ("/nothing", "GET", 404),
+                                     ("/api/record", "POST", 405)):
+            answer = client.request(method, path)
+            assert answer.status_code == status and answer.json()["error"], path
+
+
+#: bodies a client may send by mistake or on purpose, and a word of the answer each gets
+BAD_BODIES = [
+    (b"[" * 5000, 422, "nests"),
+    (b'{"text": "a", "beam": ' + b"9" * 5000 + b"}", 422, "number"),
+    (b'{"text": "a", "beam": 1' + b"0" * 30 + b"}", 422, "number"),
+    (b'{"text": "the \\ud800 dog"}', 422, "lone surrogate"),
+    (b'{"text": "\\udfff"}', 422, "lone surrogate"),
+    (b'{"text": "the dog", "beam": 2}', 422, "translation"),
+    (b'{"text": "the dog", "beam": 2.0}', 422, "translation"),
+    (b'{"text": "a", "beam": NaN}', 422, "not JSON"),
+    (b'{"text": ["a"]}', 422, "non-empty string"),
+    (b'{"text": null}', 422, "non-empty string"),
+    (b'{"text": true}', 422, "non-empty string"),
+    (b'{"beam": 1}', 422, "missing field"),
+    (b"{}", 422, "missing field"),
+    (b'{"text": "a", "\\ud800": 1}', 422, "unknown field"),
+    (b'"the dog"', 422, "JSON object"),
+    (b"42", 422, "JSON object"),
+    (b"", 422, "empty"),
+    (b"\xff\xfe{}", 422, "not UTF-8"),
+    (b'{"text": "a"', 422, "not JSON"),
+    (b'{"text": "a"} trailing', 422, "not JSON"),
+    (b'{"text": "' + "\u00e9".encode() * 3000 + b'"}', 422, "the most is 2000"),
+    (b'{"text": "' + b"x" * 20_000 + b'"}', 413, "over 16384 bytes"),
+]
+
+
+def test_every_bad_body_gets_json_4xx_on_a_connection_that_stays_open(lm, serve, server_log, capfd) -> None:
+    pre, first = lm
+    with serve(build_app(pre, first)) as url:
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        conn.connect()
+        own_port = conn.sock.getsockname()[1]
+        for body, status, word in BAD_BODIES:
+            got, answer, _ = _post(conn, body)
+            assert (got, word in answer["error"]) == (status, True), (body[:60], answer)
+            assert "Traceback" not in answer["error"] and "File \"" not in answer["error"]
+            if got != 413:  # the server read the whole body, so this connection goes on
+                assert conn.sock is not None and conn.sock.getsockname()[1] == own_port, body[:60]
+                ok, record, _ = _post(conn, b'{"text": "the dog"}')
+                assert ok == 200 and record["tokens"]["decoder"] == ["the", "dog"]
+            else:
+                conn.close()
+                conn.connect()
+                own_port = conn.sock.getsockname()[1]
+        conn.close()
+    _no_traceback(server_log, capfd)
+
+
+@pytest.mark.parametrize("task", ["translation", "lm", "classification"])
+def test_odd_texts_never_crash_a_model(inspect_checkpoints, serve, server_log, capfd, task: str) -> None:
+    pre = load_pretrained(inspect_checkpoints[task])
+    first = inspect_text(pre, "the dog")
+    odd = ["\u0000", "the\u0000dog", "\U0001f436 \U0001f436", "e\u0301\u0301\u0301", "\u202edog", "\t\n\r ",
+           "\ufeffthe dog", "zzzz qqqq", "\U0010ffff", "a" * 1999, ". . . . .", "<s> </s> <pad>"]
+    with serve(build_app(pre, first)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for text in odd:
+            answer = client.post("/api/inspect", json={"text": text})
+            assert answer.status_code in (200, 422), (text[:20], answer.text[:300])
+            if answer.status_code == 200:
+                assert answer.json()["input"] == text
+        surrogate = client.post("/api/inspect", content=b'{"text": "the \\ud800 dog"}', headers=JSON)
+        assert surrogate.status_code == 422 and "lone surrogate" in surrogate.json()["error"]
+    _no_traceback(server_log, capfd)
+    with pytest.raises(AiaynError, match="lone surrogate"):
+        inspect_text(pre, "the \ud800 dog")
+
+
+def test_a_client_that_leaves_mid_body_or_sends_slowly(lm, serve, server_log, capfd) -> None:
+    pre, first = lm
+    with serve(build_app(pre, first, Limits(body_timeout=0.5))) as url:
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(3):  # gone mid-body: nothing to answer, nothing in the log
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"text\": \"the")
+            time.sleep(0.1)
+        with socket.create_connection((host, int(port))) as s:  # too slow: 408
+            s.settimeout(10)
+            s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"text\"")
+            reply = b""
+            while b"}" not in reply:
+                part = s.recv(4096)
+                if not part:
+                    break
+                reply += part
+            assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert client.post("/api/inspect", json={"text": "the dog"}).status_code == 200
+    _no_traceback(server_log, capfd)
 
 
 def test_work_is_bounded_in_number_and_time(lm, serve, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +232,7 @@ def test_work_is_bounded_in_number_and_time(lm, serve, monkeypatch: pytest.Monke
         first_call.start()
         time.sleep(0.2)
         busy = client.post("/api/inspect", json={"text": "the cat"})
-        assert busy.status_code == 429 and busy.headers["retry-after"] == "2"
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "2" and "busy" in busy.json()["error"]
         first_call.join(10)
         assert results == [504]  # past the time limit; it still holds its slot until it finishes
         assert client.post("/api/inspect", json={"text": "the cat"}).status_code == 429
@@ -91,6 +241,92 @@ def test_work_is_bounded_in_number_and_time(lm, serve, monkeypatch: pytest.Monke
         while client.post("/api/inspect", json={"text": "the cat"}).status_code == 429:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_idle_connections_hold_no_slot(lm, serve) -> None:
+    """uvicorn's limit_concurrency counted idle keep-alive connections and answered plain-text 503; the server
+    limits model work only."""
+    pre, first = lm
+    with serve(build_app(pre, first)) as url:
+        address = url.removeprefix("http://")
+        idle = [http.client.HTTPConnection(address, timeout=30) for _ in range(12)]
+        for conn in idle:  # each makes one request and then stays open, idle
+            conn.request("GET", "/api/health")
+            assert conn.getresponse().read() == b'{"ok":true,"task":"lm"}'
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(3):
+                answer = client.post("/api/inspect", json={"text": "the dog"})
+                assert answer.status_code == 200, answer.text
+        for conn in idle:
+            conn.close()
+
+
+#: the load test: this many requests over this many keep-alive connections at once
+LOAD_REQUESTS, LOAD_CONNECTIONS = 200, 20
+
+
+def test_a_bounded_load_gets_200_or_429_and_the_server_answers_after(lm, serve, server_log, capfd) -> None:
+    pre, first = lm
+    want = inspect_text(pre, "a red bird sings")
+    texts = ["the dog", "a red bird sings", "the cat sleeps near the river"]
+    with serve(build_app(pre, first)) as url:
+        address = url.removeprefix("http://")
+
+        def client(n: int) -> list[tuple[int, str | None, int]]:
+            conn = http.client.HTTPConnection(address, timeout=60)
+            out = []
+            for i in range(LOAD_REQUESTS // LOAD_CONNECTIONS):
+                status, body, headers = _post(conn, json.dumps({"text": texts[(n + i) % 3]}).encode())
+                out.append((status, headers.get("retry-after"), conn.sock.getsockname()[1]))
+                if status == 200:
+                    assert body["input"] == texts[(n + i) % 3]
+                else:
+                    assert "busy" in body["error"]
+            conn.close()
+            return out
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(LOAD_CONNECTIONS) as pool:
+            results = [r for rs in pool.map(client, range(LOAD_CONNECTIONS)) for r in rs]
+        seconds = time.monotonic() - started
+        counts = Counter(status for status, _, _ in results)
+        assert len(results) == LOAD_REQUESTS and set(counts) <= {200, 429} and counts[200] > 0
+        assert all(retry == "2" for status, retry, _ in results if status == 429)
+        assert len({port for _, _, port in results}) == LOAD_CONNECTIONS  # keep-alive: one socket per client
+        with httpx.Client(base_url=url, timeout=30) as after:
+            answer = after.post("/api/inspect", json={"text": "a red bird sings"})
+            assert answer.status_code == 200 and answer.json() == want
+    _no_traceback(server_log, capfd)
+    print(f"load: {LOAD_REQUESTS} requests over {LOAD_CONNECTIONS} keep-alive connections in {seconds:.1f} s: "
+          f"{dict(sorted(counts.items()))}")
+
+
+def test_json_that_this_server_reads() -> None:
+    assert parse_json(b'{"text": "a", "beam": 2}') == {"text": "a", "beam": 2}
+    assert parse_json(b'{"text": "[[[[[[[[[[[[[["}') == {"text": "[" * 14}  # brackets in strings are text
+    for body in (b"[" * 9 + b"]" * 9, b'{"a": ' + b"1" * 40 + b"}", b'{"a": 1e999999999999999999999}'):
+        with pytest.raises(Exception, match="nests|number"):
+            parse_json(body)
+
+
+def test_a_port_in_use_is_one_message_and_exit_2(inspect_checkpoints, capsys: pytest.CaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AiaynError, match=f"port {port} on 127.0.0.1 is already in use"):
+            bind("127.0.0.1", port)
+        code = main(["inspect", "--checkpoint", str(inspect_checkpoints["lm"]), "--text", "the dog",
+                     "--port", str(port)])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""  # not the URL of the other server
+    assert out.err.strip().splitlines() == [
+        f"aiayn inspect: error: port {port} on 127.0.0.1 is already in use (by another server, perhaps another aiayn "
+        "inspect); give another with --port, or --port 0 for any free one"]
+    with pytest.raises(AiaynError, match="not an address of this machine"):
+        bind("no-such-host.invalid", 0)
+    with bind("127.0.0.1", 0) as free:
+        assert free.getsockname()[1] > 0
 
 
 def test_loopback_is_the_default_and_other_hosts_are_named() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from aiayn.cli.commands import _add_load_args, _load, command
 from aiayn.cli.values import number, output_file, utf8_text, whole
@@ -38,7 +39,8 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1, this machine only; another address makes the "
                         "explorer and the model reachable from the network)")
-    p.add_argument("--port", type=whole(0, 65535), default=8000, help="port to serve on (default 8000)")
+    p.add_argument("--port", type=whole(0, 65535), default=8000,
+                   help="port to serve on (default 8000; 0: any free port, named when serving starts)")
     p.add_argument("--timeout", type=number(0, open_low=True), default=60.0,
                    help="seconds one input may run when served (default 60)")
     _add_load_args(p)
@@ -66,8 +68,8 @@ def _inspect(p: argparse.ArgumentParser) -> None:
         else:
             text = args.text if args.text is not None else _first_line(args.input) if args.input else None
             if text is None:
-                text = EXAMPLES.get(pre.task, "")
-            record = inspect_text(pre, text, beam=args.beam)
+                text = _example(pre)
+            record = inspect_text(pre, text, beam=args.beam, steps=not args.png)  # a step-through for the page
         if args.html:
             print(f"wrote {write_html(record, args.html)}")
             return 0
@@ -84,11 +86,27 @@ def _inspect(p: argparse.ArgumentParser) -> None:
         if not is_loopback(args.host):
             print(f"aiayn inspect: warning: serving on {args.host}: anyone who reaches this address can run the "
                   "model", file=sys.stderr)
-        print(f"aiayn inspect: the explorer is at http://{args.host}:{args.port}/ (Ctrl-C stops it)", flush=True)
-        serve(pre, record, args.host, args.port, Limits(timeout=args.timeout))
+        serve(pre, record, args.host, args.port, Limits(timeout=args.timeout),  # the URL once the port is ours
+              on_ready=lambda url: print(f"aiayn inspect: the explorer is at {url} (Ctrl-C stops it)", flush=True))
         return 0
 
     p.set_defaults(run=run)
+
+
+def _example(pre: Any) -> str:
+    """What the explorer shows without an input: the task's example, or, where the checkpoint's vocabulary does not
+    know all of its words (the demo's synthetic grammar), the first of the demo's sentences that it knows whole."""
+    from aiayn.demos.translation import DEMO_SENTENCES
+
+    candidates = [EXAMPLES.get(pre.task, "the cat sat on the mat")]
+    if pre.task == "translation":
+        candidates += DEMO_SENTENCES
+    tok = pre.tokenizers.get("src") or pre.tokenizers.get("text")
+    for text in candidates:
+        ids = tok.encode(text)
+        if tok.unk_id is None or tok.unk_id not in ids:
+            return text
+    return candidates[0]
 
 
 def _first_line(path: str) -> str:

@@ -1,4 +1,6 @@
-"""The explorer page: one self-contained HTML file (styles, script and the record inlined; nothing fetched)."""
+"""The explorer page: one self-contained HTML file (styles, scripts and the record inlined; nothing fetched).
+
+``static/explorer.js`` draws the record's views; ``static/steps.js`` the step-through and neuron views."""
 
 from __future__ import annotations
 
@@ -7,6 +9,12 @@ import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+#: the explorer's icon (a small heatmap), inlined into every page as a data URL and served at /favicon.ico
+FAVICON_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 4 4"><rect width="4" height="4" fill="#22313f"/>'
+               '<rect x="0" y="0" width="2" height="2" fill="#fde725"/><rect x="2" y="2" width="2" height="2" '
+               'fill="#21918c"/><rect x="2" y="0" width="2" height="2" fill="#3b528b"/></svg>')
 
 
 def _static(name: str) -> str:
@@ -26,7 +34,9 @@ def render_html(record: dict[str, Any], *, served: bool = False) -> str:
     # every "<" escaped, so no text of the record ("</script>", "<!--") can end or bend the script element
     data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     page = _static("explorer.html")
-    for marker, value in (("/*STYLE*/", _static("explorer.css")), ("/*SCRIPT*/", _static("explorer.js")),
+    script = _static("steps.js") + "\n" + _static("explorer.js")  # explorer.js last: it starts the page
+    for marker, value in (("/*ICON*/", "data:image/svg+xml," + quote(FAVICON_SVG)),
+                          ("/*STYLE*/", _static("explorer.css")), ("/*SCRIPT*/", script),
                           ("/*SERVED*/", "1" if served else "0"), ("/*RECORD*/", data)):
         page = page.replace(marker, value, 1)
     return page

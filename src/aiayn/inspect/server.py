@@ -1,135 +1,308 @@
 """The explorer served on this machine: ``aiayn inspect --checkpoint DIR`` (Starlette on uvicorn).
 
 ``GET /`` is the explorer page; its input box posts ``{"text": "..."}`` to ``POST /api/inspect``, which answers
-the new inspection record. The server binds the loopback address unless told otherwise, and guards the model:
+the new inspection record, and its step-through and neuron views post a selection to ``POST /api/steps``
+(:mod:`aiayn.inspect.stepthrough`). The server binds the loopback address unless told otherwise, and every answer
+is JSON, an error as ``{"error": "what is wrong and what to do"}``:
 
-- a body over :attr:`Limits.max_body` bytes is refused with 413, before it is read whole;
-- a body that is not a JSON object with a non-empty ``text`` of at most :attr:`Limits.max_chars` characters
-  (and an optional whole ``beam`` from 1 to 16) gets 422 with a message;
-- at most :attr:`Limits.concurrency` inputs are accepted at once (they run one after another on the one model);
-  one more gets 429 with ``Retry-After``;
-- an input that runs past :attr:`Limits.timeout` seconds gets 504 (it finishes in the background, keeping its
-  slot until then).
+- a body over :attr:`Limits.max_body` bytes is refused with 413 before it is read whole; one that does not arrive
+  whole within :attr:`Limits.body_timeout` seconds gets 408; a client that leaves mid-body gets nothing and leaves
+  nothing in the log;
+- a body that is not a JSON object of the expected fields (not UTF-8, not JSON, nested deeper than
+  :data:`MAX_DEPTH`, a number of more than :data:`MAX_DIGITS` digits, a text with a lone surrogate, a wrong type, a
+  missing or unknown field, a text over :attr:`Limits.max_chars` characters) gets 422 and the reason;
+- at most :attr:`Limits.concurrency` inputs are accepted at once (they run one after another on the one model); one
+  more gets 429 with ``Retry-After``. Only model work counts: idle keep-alive connections hold no slot;
+- an input that runs past :attr:`Limits.timeout` seconds gets 504 (it finishes in the background, keeping its slot
+  until then).
+
+Client mistakes are answered without a traceback, in the answer or in the server's log, and the connection stays
+open for the next request.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import re
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiayn.errors import AiaynError
 
+#: the deepest nesting of arrays and objects a request body may have
+MAX_DEPTH = 8
+#: the most digits a number in a request body may have
+MAX_DIGITS = 12
+#: a request of the page: what it sends
+EXAMPLE = '{"text": "a sentence"}'
+log = logging.getLogger("aiayn.inspect")
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What one server accepts: request body bytes, input characters, inputs at once, seconds per input."""
+    """What one server accepts: request body bytes, input characters, inputs at once (running or waiting for the
+    model), seconds per input, seconds for a body to arrive."""
 
     max_body: int = 16_384
     max_chars: int = 2_000
-    concurrency: int = 1
+    concurrency: int = 2
     timeout: float = 60.0
+    body_timeout: float = 10.0
 
 
-def _problem(body: Any, limits: Limits) -> str | None:
-    """Why a request body is not an input, or None."""
+class BadRequest(Exception):
+    """A request the server refuses: the HTTP status and the message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text (strings skipped)."""
+    depth = deepest = 0
+    for ch in _STRING.sub(b'""', raw):
+        if ch in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if len(text) > MAX_DIGITS + 8:
+            raise ValueError(f"a number of {len(text)} characters; numbers here have at most {MAX_DIGITS} digits")
+        return kind(text)
+    return parse
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, or :class:`BadRequest` (422) saying why not: not UTF-8, not JSON, nested deeper than
+    :data:`MAX_DEPTH`, a number over :data:`MAX_DIGITS` digits, NaN or Infinity."""
+    if not raw.strip():
+        raise BadRequest(422, f"the body is empty; send a JSON object such as {EXAMPLE}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(422, f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); send UTF-8 "
+                              f"JSON such as {EXAMPLE}") from None
+    depth = _depth(raw)
+    if depth > MAX_DEPTH:
+        raise BadRequest(422, f"the body nests arrays or objects {depth} deep; the most is {MAX_DEPTH}: send a flat "
+                              f"JSON object such as {EXAMPLE}")
+    try:
+        return json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise BadRequest(422, f"the body is not JSON ({e.msg} at line {e.lineno}, column {e.colno}); send "
+                              f"{EXAMPLE}") from None
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(422, f"the body is not JSON that this server reads ({e}); send {EXAMPLE}") from None
+
+
+def _surrogate(text: str) -> str | None:
+    """Where ``text`` holds a lone surrogate (not Unicode text: JSON's ``"\\ud800"``), or None."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return f"a lone surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}"
+
+
+def _whole(body: dict[str, Any], name: str, low: int, high: int, what: str = "") -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(422, f'"{name}" must be a whole number from {low} to {high}{what}; got '
+                              f"{json.dumps(value)[:40]}")
+    return value
+
+
+def _fields(body: Any, required: set[str], optional: set[str]) -> dict[str, Any]:
+    """``body`` as a dict of these fields, or 422 naming the missing and unknown ones."""
     if not isinstance(body, dict):
-        return 'the body must be a JSON object such as {"text": "a sentence"}'
-    text = body.get("text")
-    if not isinstance(text, str) or not text.strip():
-        return '"text" must be a non-empty string'
-    if len(text) > limits.max_chars:
-        return f'"text" has {len(text)} characters; the most is {limits.max_chars}'
-    beam = body.get("beam")
-    if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or not 1 <= beam <= 16):
-        return '"beam" must be a whole number from 1 to 16'
-    unknown = sorted(set(body) - {"text", "beam"})
+        raise BadRequest(422, f"the body must be a JSON object such as {EXAMPLE}; got a JSON "
+                              f"{type(body).__name__.replace('dict', 'object').replace('list', 'array')}")
+    missing, unknown = sorted(required - set(body)), sorted(set(body) - required - optional)
+    if missing:
+        raise BadRequest(422, f"missing field(s) {', '.join(missing)}")
     if unknown:
-        return f"unknown field(s) {unknown}; give text and, for translation, beam"
-    return None
+        names = ", ".join(json.dumps(k)[:40] for k in unknown)
+        raise BadRequest(422, f"unknown field(s) {names}; give {', '.join(sorted(required | optional))}")
+    return body
+
+
+def input_request(body: Any, limits: Limits, pre: Any) -> tuple[str, int | None]:
+    """The text and beam of an ``/api/inspect`` body, or :class:`BadRequest` (422) saying what is wrong."""
+    body = _fields(body, {"text"}, {"beam"})
+    text = body["text"]
+    if not isinstance(text, str) or not text.strip():
+        raise BadRequest(422, '"text" must be a non-empty string')
+    if len(text) > limits.max_chars:
+        raise BadRequest(422, f'"text" has {len(text)} characters; the most is {limits.max_chars}')
+    bad = _surrogate(text)
+    if bad:
+        raise BadRequest(422, f'"text" holds {bad}, which is not Unicode text; send the text as UTF-8')
+    beam = None
+    if body.get("beam") is not None:
+        tgt = pre.tokenizers.get("tgt") if pre.task == "translation" else None
+        if tgt is None:
+            raise BadRequest(422, f'"beam" applies to translation; this is a {pre.task} checkpoint')
+        beam = _whole(body, "beam", 1, min(16, tgt.vocab_size))
+    return text, beam
 
 
 def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any:
     """The Starlette application serving ``pre`` (a loaded checkpoint), showing the record ``first`` on its page."""
     import anyio
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
-    from aiayn.inspect.page import render_html
-    from aiayn.inspect.record import inspect_text
+    from aiayn.inspect import record as records
+    from aiayn.inspect.page import FAVICON_SVG, render_html
 
     slots = threading.BoundedSemaphore(limits.concurrency)
     model_lock = threading.Lock()  # a recording pass sets recorders on the one model: passes take turns
     page = render_html(first, served=True)
 
-    def error(status: int, message: str, **headers: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
+    def answer(value: Any, status: int = 200, **headers: str) -> Response:
+        try:  # ASCII escapes: a message may quote a client's lone surrogate, which UTF-8 cannot carry
+            body = json.dumps(value, ensure_ascii=status != 200, allow_nan=False, separators=(",", ":"))
+        except ValueError:
+            status, body = 500, json.dumps({"error": "the model computed NaN or infinite values for this input"})
+        return Response(body.encode("utf-8"), status, headers=headers, media_type="application/json")
+
+    def error(status: int, message: str, **headers: str) -> Response:
+        return answer({"error": message}, status, **headers)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
 
+    async def favicon(request: Request) -> Response:
+        return Response(FAVICON_SVG, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
     async def first_record(request: Request) -> Response:
-        return JSONResponse(first)
+        return answer(first)
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"ok": True, "task": pre.task})
+        return answer({"ok": True, "task": pre.task})
 
-    async def read_body(request: Request) -> bytes | None:
-        """The body, or None as soon as it passes the limit (declared or streamed)."""
+    async def read_body(request: Request) -> bytes:
+        """The body, or BadRequest: 413 as soon as it passes the limit (declared or streamed), 408 when it is slow."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
-            return None
+            raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body:
-                return None
-            chunks.append(chunk)
+        with anyio.move_on_after(limits.body_timeout) as waited:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body:
+                    raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
+                chunks.append(chunk)
+        if waited.cancelled_caught:
+            raise BadRequest(408, f"the request body did not arrive within {limits.body_timeout:g} s")
         return b"".join(chunks)
 
-    async def inspect(request: Request) -> Response:
-        raw = await read_body(request)
-        if raw is None:
-            return error(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            return error(422, f'the body is not JSON ({e}); send {{"text": "a sentence"}}')
-        problem = _problem(body, limits)
-        if problem is not None:
-            return error(422, problem)
+    async def run_model(work: Callable[[], Any]) -> Response:
+        """``work()`` on the model in a slot, or 429 when every slot is taken; its value answered as JSON."""
         if not slots.acquire(blocking=False):
-            return error(429, f"busy: {limits.concurrency} input(s) already running; try again shortly",
-                         **{"Retry-After": "2"})
+            return error(429, f"busy: {limits.concurrency} input(s) already running or waiting; try again in a "
+                              "moment", **{"Retry-After": "2"})
         done = threading.Event()
         result: dict[str, Any] = {}
 
-        def work() -> None:
+        def run() -> None:
             try:
                 with model_lock:
-                    result["record"] = inspect_text(pre, body["text"], beam=body.get("beam"))
+                    result["value"] = work()
             except AiaynError as e:
                 result["error"] = str(e)
-            except Exception as e:  # noqa: BLE001 - the server answers 500 with the reason and goes on
-                result["crash"] = f"{type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - the server answers 500 with the reason, logs it, and goes on
+                log.error("aiayn inspect: the model failed on an input", exc_info=e)
+                result["crash"] = f"the model failed on this input ({type(e).__name__}: {e})"
             finally:
                 slots.release()
                 done.set()
 
-        threading.Thread(target=work, name="aiayn-inspect", daemon=True).start()
+        threading.Thread(target=run, name="aiayn-inspect", daemon=True).start()
         if not await anyio.to_thread.run_sync(done.wait, limits.timeout):
             return error(504, f"the input took over {limits.timeout:g} s; try a shorter one")
         if "error" in result:
             return error(422, result["error"])
         if "crash" in result:
             return error(500, result["crash"])
-        return JSONResponse(result["record"])
+        return answer(result["value"])
 
-    return Starlette(routes=[Route("/", index), Route("/api/record", first_record), Route("/api/health", health),
-                             Route("/api/inspect", inspect, methods=["POST"])])
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        """A POST handler whose client mistakes become one JSON error, and whose client may leave at any time."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except BadRequest as e:
+                return error(e.status, e.message)
+            except ClientDisconnect:  # nobody to answer; nothing to log
+                return Response(status_code=400)
+        return endpoint
+
+    async def inspect(request: Request) -> Response:
+        text, beam = input_request(parse_json(await read_body(request)), limits, pre)
+        return await run_model(lambda: records.inspect_text(pre, text, beam=beam))
+
+    async def steps(request: Request) -> Response:
+        from aiayn.inspect import stepthrough
+
+        selection = stepthrough.steps_request(parse_json(await read_body(request)), pre, BadRequest)
+        return await run_model(lambda: stepthrough.step_record(pre, **selection))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        if status == 404:
+            return error(404, f"nothing at {request.url.path}; the explorer is at /")
+        if status == 405:
+            allowed = "POST" if request.url.path.startswith("/api/") and request.url.path not in (
+                "/api/record", "/api/health") else "GET"
+            return error(405, f"{request.method} {request.url.path}: use {allowed}", Allow=allowed)
+        return error(status, getattr(exc, "detail", None) or "bad request")
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("aiayn inspect: internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error(500, f"internal error ({type(exc).__name__}); the server goes on")
+
+    app = Starlette(routes=[Route("/", index), Route("/favicon.ico", favicon), Route("/api/record", first_record),
+                            Route("/api/health", health),
+                            Route("/api/inspect", guarded(inspect), methods=["POST"]),
+                            Route("/api/steps", guarded(steps), methods=["POST"])],
+                    exception_handlers={HTTPException: http_error, Exception: internal_error})
+    return _Quiet(app)
+
+
+class _Quiet:
+    """An ASGI wrapper that keeps an exception Starlette re-raises after answering 500 (so that a server may log it)
+    from reaching uvicorn, which would log it a second time and close the connection."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - answered and logged once already, by the app's handler
+            pass
 
 
 def is_loopback(host: str) -> bool:
@@ -144,13 +317,58 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(pre: Any, first: dict[str, Any], host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits = Limits()) -> None:
-    """Serve the explorer until interrupted (Ctrl-C)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free one), ready for the server; an AiaynError naming the address
+    and the fix when it cannot be had (in use, not this machine's, not allowed)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise AiaynError(f"--host {host}: not an address of this machine ({e.strerror}); give an address such as "
+                         "127.0.0.1") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise AiaynError(f"port {port} on {host} is already in use (by another server, perhaps another aiayn "
+                             "inspect); give another with --port, or --port 0 for any free one") from None
+        if e.errno == errno.EACCES:
+            raise AiaynError(f"port {port} on {host}: not allowed to this user (ports below 1024 need privileges); "
+                             "give a port from 1024 with --port") from None
+        raise AiaynError(f"cannot serve on {host}:{port}: {e.strerror}; give another --host or --port") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The explorer's address on a bound socket: ``http://HOST:PORT/``."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+def serve(pre: Any, first: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve the explorer until interrupted (Ctrl-C).
+
+    Args:
+        pre: the loaded checkpoint; first: the record the page shows first.
+        host, port: where to listen (port 0: any free port).
+        limits: what the server accepts.
+        on_ready: called with the explorer's URL once the port is bound (not called when it cannot be).
+    Raises:
+        AiaynError: the port is in use or not allowed, the address is not this machine's, or uvicorn is missing.
+    """
     try:
         import uvicorn
     except ImportError:
         raise AiaynError("serving the explorer needs uvicorn and starlette: pip install 'aiayn[inspect]', or write "
                          "an offline file with --html OUT") from None
-    uvicorn.run(build_app(pre, first, limits), host=host, port=port, log_level="warning",
-                limit_concurrency=max(8, 4 * limits.concurrency), timeout_keep_alive=5)
+    sock = bind(host, port)
+    if on_ready is not None:
+        on_ready(url_of(sock))
+    # no limit_concurrency: uvicorn counts idle keep-alive connections in it and answers plain-text 503; the app
+    # limits the model work itself (429 with Retry-After)
+    server = uvicorn.Server(uvicorn.Config(build_app(pre, first, limits), log_level="warning", timeout_keep_alive=5))
+    with sock:
+        server.run(sockets=[sock])
