@@ -39,7 +39,7 @@ LADDER: tuple[tuple[str, ...], ...] = (
     ("aiayn.evaluate",),
     ("aiayn.tasks",),
     ("aiayn.hf", "aiayn.inspect"),
-    ("aiayn.demos",),
+    ("aiayn.demos", "aiayn.learn"),  # the offline demos; the course (checks against the reference, assembly)
     ("aiayn.check",),
     ("aiayn.cli",),
     ("aiayn.__main__",),  # python -m aiayn

@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         convert_command,  # noqa: F401  (registers convert)
         embed_command,  # noqa: F401  (registers embed)
         inspect_command,  # noqa: F401  (registers inspect)
+        learn_command,  # noqa: F401  (registers learn)
         lm_commands,  # noqa: F401  (registers generate and classify)
     )
 
