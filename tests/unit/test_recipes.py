@@ -50,3 +50,13 @@ def test_recipe_passes_the_checks_run_before_training(path: Path) -> None:
     problems = recipe_problems(load_recipe(path, []))
     absent = ("no such file", "no checkpoint directory")
     assert [p for p in problems if not any(a in p for a in absent)] == []
+
+
+@pytest.mark.parametrize("value", [2, 10**9])
+def test_an_encoder_depth_in_a_language_model_recipe_is_named(value: int) -> None:
+    """A decoder-only model has no encoder: ``n_encoder_layers`` there is refused by name (not blamed on the batch
+    size through an activation estimate that counted layers the model never builds)."""
+    recipe = load_recipe(RECIPES[0].parent / "shakespeare-char.toml", [f"model.n_encoder_layers={value}"])
+    problems = recipe_problems(recipe)
+    assert any(p.startswith(f"[model] n_encoder_layers={value}: a decoder-only model has no encoder") for p in problems)
+    assert not any("batch_size" in p for p in problems)

@@ -382,6 +382,9 @@ def _model_problems(recipe: dict[str, Any], task: str, checks: TaskChecks, secti
         forced.update(checks.model_fields(recipe, data))
     fields = {**base, **section, **forced}
     problems = ModelConfig.check(fields)
+    if fields.get("arch") == "decoder" and section.get("n_encoder_layers") is not None:
+        problems.append(f"n_encoder_layers={section['n_encoder_layers']!r}: a decoder-only model has no encoder "
+                        "(n_layers sets its depth); remove it")
     out += [f"[model] {p}" for p in problems] or _size_problems(fields, task, data)
     if not problems and task == "lm" and fields.get("max_len", 1024) < data["block_size"]:
         out.append(f"[model] max_len={fields['max_len']}: shorter than data.block_size={data['block_size']}; raise "
@@ -408,7 +411,9 @@ def _size_problems(fields: dict[str, Any], task: str, data: dict[str, Any]) -> l
         key, tokens = "batch_size", data.get("batch_size", 1) * (data.get("max_len") or config.max_len)
     # at the least, each layer keeps a few d_model-wide activations per token for the backward pass, and the output
     # layer one score per vocabulary entry
-    need = tokens * (4 * config.d_model * max(config.n_layers, config.encoder_layers) + config.target_vocab_size) * 4
+    layers = {"decoder": config.n_layers, "encoder": config.encoder_layers}.get(
+        config.arch, max(config.n_layers, config.encoder_layers))  # the stacks this model builds
+    need = tokens * (4 * config.d_model * layers + config.target_vocab_size) * 4
     have = memory_bytes(need)
     if need > have:
         return [f"[data] {key}={data.get(key)!r}: a batch of {tokens:,} tokens needs at least {need / 2**30:,.0f} GiB "
