@@ -164,9 +164,77 @@ def input_request(body: Any, limits: Limits, pre: Any) -> tuple[str, int | None]
     return text, beam
 
 
+def answer(value: Any, status: int = 200, **headers: str) -> Any:
+    """``value`` as a JSON response (a NaN or infinity the model computed is a 500 that says so)."""
+    from starlette.responses import Response
+
+    try:  # ASCII escapes: a message may quote a client's lone surrogate, which UTF-8 cannot carry
+        body = json.dumps(value, ensure_ascii=status != 200, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        status, body = 500, json.dumps({"error": "the model computed NaN or infinite values for this input"})
+    return Response(body.encode("utf-8"), status, headers=headers, media_type="application/json")
+
+
+def error(status: int, message: str, **headers: str) -> Any:
+    """``{"error": message}`` with ``status``."""
+    return answer({"error": message}, status, **headers)
+
+
+async def read_body(request: Any, limits: Limits) -> bytes:
+    """The body, or BadRequest: 413 as soon as it passes the limit (declared or streamed), 408 when it is slow."""
+    import anyio
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
+        raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
+    chunks, size = [], 0
+    with anyio.move_on_after(limits.body_timeout) as waited:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body:
+                raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
+            chunks.append(chunk)
+    if waited.cancelled_caught:
+        raise BadRequest(408, f"the request body did not arrive within {limits.body_timeout:g} s")
+    return b"".join(chunks)
+
+
+async def run_model(work: Callable[[], Any], slots: threading.BoundedSemaphore, model_lock: threading.Lock,
+                    limits: Limits) -> Any:
+    """``work()`` on the model in a slot, or 429 when every slot is taken; its value answered as JSON."""
+    import anyio
+
+    if not slots.acquire(blocking=False):
+        return error(429, f"busy: {limits.concurrency} input(s) already running or waiting; try again in a "
+                          "moment", **{"Retry-After": "2"})
+    done = threading.Event()
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with model_lock:
+                result["value"] = work()
+        except AiaynError as e:
+            result["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - the server answers 500 with the reason, logs it, and goes on
+            log.error("aiayn inspect: the model failed on an input", exc_info=e)
+            result["crash"] = f"the model failed on this input ({type(e).__name__}: {e})"
+        finally:
+            slots.release()
+            done.set()
+
+    threading.Thread(target=run, name="aiayn-inspect", daemon=True).start()
+    if not await anyio.to_thread.run_sync(done.wait, limits.timeout):
+        return error(504, f"the input took over {limits.timeout:g} s; try a shorter one")
+    if "error" in result:
+        return error(422, result["error"])
+    if "crash" in result:
+        return error(500, result["crash"])
+    return answer(result["value"])
+
+
 def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any:
     """The Starlette application serving ``pre`` (a loaded checkpoint), showing the record ``first`` on its page."""
-    import anyio
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
@@ -180,16 +248,6 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
     model_lock = threading.Lock()  # a recording pass sets recorders on the one model: passes take turns
     page = render_html(first, served=True)
 
-    def answer(value: Any, status: int = 200, **headers: str) -> Response:
-        try:  # ASCII escapes: a message may quote a client's lone surrogate, which UTF-8 cannot carry
-            body = json.dumps(value, ensure_ascii=status != 200, allow_nan=False, separators=(",", ":"))
-        except ValueError:
-            status, body = 500, json.dumps({"error": "the model computed NaN or infinite values for this input"})
-        return Response(body.encode("utf-8"), status, headers=headers, media_type="application/json")
-
-    def error(status: int, message: str, **headers: str) -> Response:
-        return answer({"error": message}, status, **headers)
-
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
 
@@ -201,52 +259,6 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
 
     async def health(request: Request) -> Response:
         return answer({"ok": True, "task": pre.task})
-
-    async def read_body(request: Request) -> bytes:
-        """The body, or BadRequest: 413 as soon as it passes the limit (declared or streamed), 408 when it is slow."""
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
-            raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
-        chunks, size = [], 0
-        with anyio.move_on_after(limits.body_timeout) as waited:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limits.max_body:
-                    raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
-                chunks.append(chunk)
-        if waited.cancelled_caught:
-            raise BadRequest(408, f"the request body did not arrive within {limits.body_timeout:g} s")
-        return b"".join(chunks)
-
-    async def run_model(work: Callable[[], Any]) -> Response:
-        """``work()`` on the model in a slot, or 429 when every slot is taken; its value answered as JSON."""
-        if not slots.acquire(blocking=False):
-            return error(429, f"busy: {limits.concurrency} input(s) already running or waiting; try again in a "
-                              "moment", **{"Retry-After": "2"})
-        done = threading.Event()
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                with model_lock:
-                    result["value"] = work()
-            except AiaynError as e:
-                result["error"] = str(e)
-            except Exception as e:  # noqa: BLE001 - the server answers 500 with the reason, logs it, and goes on
-                log.error("aiayn inspect: the model failed on an input", exc_info=e)
-                result["crash"] = f"the model failed on this input ({type(e).__name__}: {e})"
-            finally:
-                slots.release()
-                done.set()
-
-        threading.Thread(target=run, name="aiayn-inspect", daemon=True).start()
-        if not await anyio.to_thread.run_sync(done.wait, limits.timeout):
-            return error(504, f"the input took over {limits.timeout:g} s; try a shorter one")
-        if "error" in result:
-            return error(422, result["error"])
-        if "crash" in result:
-            return error(500, result["crash"])
-        return answer(result["value"])
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         """A POST handler whose client mistakes become one JSON error, and whose client may leave at any time."""
@@ -260,14 +272,14 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
         return endpoint
 
     async def inspect(request: Request) -> Response:
-        text, beam = input_request(parse_json(await read_body(request)), limits, pre)
-        return await run_model(lambda: records.inspect_text(pre, text, beam=beam))
+        text, beam = input_request(parse_json(await read_body(request, limits)), limits, pre)
+        return await run_model(lambda: records.inspect_text(pre, text, beam=beam), slots, model_lock, limits)
 
     async def steps(request: Request) -> Response:
         from aiayn.inspect import stepthrough
 
-        selection = stepthrough.steps_request(parse_json(await read_body(request)), pre, BadRequest)
-        return await run_model(lambda: stepthrough.step_record(pre, **selection))
+        selection = stepthrough.steps_request(parse_json(await read_body(request, limits)), pre, BadRequest)
+        return await run_model(lambda: stepthrough.step_record(pre, **selection), slots, model_lock, limits)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
