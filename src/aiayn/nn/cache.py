@@ -241,7 +241,8 @@ class DecoderCache:
         cross_attn: one :class:`CrossAttnCache` per layer (empty list for decoder-only models).
         key_mask: (B, length) bool, True at real (non-padding) cached positions; None while every row's positions
             are 0 .. length - 1 and none is padding (:meth:`extend` with ``default=True``: nothing is stored, built
-            or reordered per step then; :meth:`key_positions` makes the ids on demand). By slot: the step's keys'.
+            or reordered per step then; :meth:`key_positions` makes the ids on demand). By slot: None (the step's
+            keys' flags are returned, not kept).
         key_pos: (B, length) long, position id of each cached position (for ALiBi/T5 biases); None with key_mask.
         padded: whether any cached position is padding (so a key mask is needed).
         memory_mask: the cross-attention padding mask (Bm, 1, 1, S) of the memory rows, or None; valid while
@@ -359,8 +360,7 @@ class DecoderCache:
             visible = visible & (key_index[None, :] > index[:, None] - self.window)
         self.step_mask = visible[None, None] & key_token[:, None, None, :]  # (B, 1, T, S)
         self.cursor.add_(t)
-        self.key_mask, self.key_pos = key_token, key_pos
-        return key_token, key_pos
+        return key_token, key_pos  # step-local: nothing to store or reorder
 
     def reorder(self, index: Tensor, memory_index: Tensor | None = None, group: int = 1) -> None:
         """Keep decoder rows ``index`` (N',) long in every layer (beam search).
