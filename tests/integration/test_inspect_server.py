@@ -4,10 +4,15 @@ Every bad body (not UTF-8, not JSON, nested 5,000 deep, a number of 5,000 digits
 missing and unknown fields, too large, too slow, a client gone mid-body) gets one JSON 4xx with the reason, on a
 connection that stays open; nothing reaches the server's log as a traceback. Overload gets JSON 429 with
 Retry-After, whatever idle connections are open, and a port in use is one message and exit 2.
+
+What another site's page could send is refused before the model runs (:mod:`aiayn.local_server`): a foreign Host
+(DNS rebinding) gets JSON 400, a foreign Origin or a cross-site fetch of the API JSON 403, a POST that is not JSON
+JSON 415; and a connection that sends half a request, or nothing, is closed within a bounded time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -28,7 +33,7 @@ httpx = pytest.importorskip("httpx")
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.inspect import inspect_text  # noqa: E402
-from aiayn.inspect.server import Limits, bind, build_app, is_loopback, parse_json  # noqa: E402
+from aiayn.inspect.server import Limits, bind, build_app, is_loopback, parse_json, serve  # noqa: E402
 from aiayn.pretrained import load_pretrained  # noqa: E402
 
 JSON = {"content-type": "application/json"}
@@ -115,7 +120,7 @@ def test_bad_requests_get_one_clear_answer(lm, serve) -> None:
             assert answer.status_code == 422 and message in answer.json()["error"], body
         for path, method, status in (("/api/inspect", "GET", 405), ("/nothing", "GET", 404),
                                      ("/api/record", "POST", 405)):
-            answer = client.request(method, path)
+            answer = client.request(method, path, headers=JSON)
             assert answer.status_code == status and answer.json()["error"], path
 
 
@@ -193,12 +198,12 @@ def test_a_client_that_leaves_mid_body_or_sends_slowly(lm, serve, server_log, ca
         host, port = url.removeprefix("http://").split(":")
         for _ in range(3):  # gone mid-body: nothing to answer, nothing in the log
             with socket.create_connection((host, int(port))) as s:
-                s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           b"Content-Length: 1000\r\n\r\n{\"text\": \"the")
             time.sleep(0.1)
         with socket.create_connection((host, int(port))) as s:  # too slow: 408
             s.settimeout(10)
-            s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /api/inspect HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"text\"")
             reply = b""
             while b"}" not in reply:
@@ -336,3 +341,235 @@ def test_loopback_is_the_default_and_other_hosts_are_named() -> None:
 
     args = build_parser().parse_args(["inspect", "--checkpoint", "x"])
     assert args.host == "127.0.0.1" and args.port == 8000
+
+
+def _ask(conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str],
+         body: bytes | None = None) -> tuple[int, dict]:
+    """One request on ``conn`` with exactly these headers (``Host`` among them replaces http.client's): status and
+    JSON answer."""
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    raw = response.read()
+    assert response.getheader("content-type", "").startswith("application/json"), raw[:200]
+    return response.status, json.loads(raw)
+
+
+@pytest.fixture
+def model_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the model is run on during the test."""
+    import aiayn.inspect.record as record
+
+    runs: list[str] = []
+    real = record.inspect_text
+
+    def counted(pre, text, *args, **kwargs):
+        runs.append(text)
+        return real(pre, text, *args, **kwargs)
+
+    monkeypatch.setattr(record, "inspect_text", counted)
+    return runs
+
+
+#: Host headers a page of another site can make a browser send (its own name, rebound to 127.0.0.1)
+FOREIGN_HOSTS = ["evil.example.com", "evil.example.com:{port}", "127.0.0.1.evil.example.com:{port}",
+                 "localhost.evil.example.com", "0.0.0.0:{port}", "192.168.1.5:{port}", "[::2]:{port}", "local_host"]
+#: the names of a server on loopback, with and without its port
+LOOPBACK_HOSTS = ["localhost", "localhost:{port}", "LocalHost:{port}", "127.0.0.1", "127.0.0.1:{port}",
+                  "127.1.2.3:{port}", "[::1]:{port}", "[::1]"]
+
+
+def test_a_foreign_host_is_refused_and_loopback_names_pass(lm, serve, model_runs, server_log, capfd) -> None:
+    """DNS rebinding: another site's name pointed at 127.0.0.1 reads nothing and runs nothing."""
+    pre, first = lm
+    with serve(build_app(pre, first)) as url:
+        address = url.removeprefix("http://")
+        port = int(address.rpartition(":")[2])
+        conn = http.client.HTTPConnection(address, timeout=30)
+        for host in FOREIGN_HOSTS:
+            for method, path, body in (("GET", "/api/record", None), ("GET", "/", None),
+                                       ("POST", "/api/inspect", b'{"text": "the dog"}')):
+                status, answer = _ask(conn, method, path, {"Host": host.format(port=port), **JSON}, body)
+                assert status == 400 and set(answer) == {"error"}, (host, path, answer)
+                assert "this server answers only to localhost, 127.0.0.1, [::1]" in answer["error"]
+        assert model_runs == []
+        for host in LOOPBACK_HOSTS:
+            status, answer = _ask(conn, "GET", "/api/record", {"Host": host.format(port=port)})
+            assert status == 200 and answer["tokens"] == first["tokens"], host
+        status, answer = _ask(conn, "POST", "/api/inspect", {"Host": f"localhost:{port}", **JSON},
+                              b'{"text": "the dog"}')
+        assert status == 200 and model_runs == ["the dog"]
+        conn.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # HTTP/1.0 without a Host
+            s.sendall(b"GET /api/record HTTP/1.0\r\n\r\n")
+            reply = b"".join(iter(lambda: s.recv(65536), b""))
+        assert reply.startswith(b"HTTP/1.1 400") and b'{"error":"no Host header: this server' in reply
+    _no_traceback(server_log, capfd)
+
+
+def test_a_server_on_every_address_answers_addresses_and_its_machine_name(lm, serve) -> None:
+    """``--host 0.0.0.0``: any IP address (it cannot be rebound) and this machine's name pass; other names do not.
+    (The app is told its bind address; the test serves it on loopback.)"""
+    pre, first = lm
+    me = socket.gethostname()
+    with serve(build_app(pre, first, host="0.0.0.0")) as url:
+        address = url.removeprefix("http://")
+        port = int(address.rpartition(":")[2])
+        conn = http.client.HTTPConnection(address, timeout=30)
+        for host in (f"192.168.1.5:{port}", f"[fe80::1]:{port}", f"{me}:{port}", f"{me}.local:{port}",
+                     f"localhost:{port}"):
+            assert _ask(conn, "GET", "/api/record", {"Host": host})[0] == 200, host
+        status, answer = _ask(conn, "GET", "/api/record", {"Host": f"evil.example.com:{port}"})
+        assert status == 400 and "or any IP address" in answer["error"]
+        conn.close()
+
+
+#: Content-Types a page of another site may post without asking first, and others that are not JSON
+NOT_JSON = ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x", "application/jsonp", "text/json", None]
+
+
+def test_a_post_that_is_not_json_gets_415(lm, serve, model_runs, server_log, capfd) -> None:
+    pre, first = lm
+    with serve(build_app(pre, first)) as url:
+        address = url.removeprefix("http://")
+        conn = http.client.HTTPConnection(address, timeout=30)
+        conn.connect()
+        own_port = conn.sock.getsockname()[1]
+        for kind in NOT_JSON:
+            for path in ("/api/inspect", "/api/steps"):
+                headers = {"Content-Type": kind} if kind is not None else {}
+                status, answer = _ask(conn, "POST", path, headers, b'{"text": "the dog"}')
+                assert status == 415 and "Content-Type: application/json" in answer["error"], (kind, answer)
+                assert (kind or "no Content-Type") in answer["error"]
+        assert model_runs == []
+        assert conn.sock is not None and conn.sock.getsockname()[1] == own_port  # the connection goes on
+        for kind in ("application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"):
+            status, answer = _ask(conn, "POST", "/api/inspect", {"Content-Type": kind}, b'{"text": "the dog"}')
+            assert status == 200 and answer["tokens"]["decoder"] == ["the", "dog"], kind
+        assert model_runs == ["the dog"] * 3
+        conn.close()
+    _no_traceback(server_log, capfd)
+
+
+def test_a_foreign_origin_is_refused_for_every_method(lm, serve, model_runs, server_log, capfd) -> None:
+    """A fetch() from another page (its Origin) reads nothing and runs nothing; the server's own page's does."""
+    pre, first = lm
+    with serve(build_app(pre, first)) as url:
+        address = url.removeprefix("http://")
+        port = int(address.rpartition(":")[2])
+        conn = http.client.HTTPConnection(address, timeout=30)
+        foreign = ["http://evil.example.com", f"http://evil.example.com:{port}", "null", f"http://localhost:{port}",
+                   f"http://127.0.0.1:{port + 1}", f"https://127.0.0.1:{port}", "http://127.0.0.1", "file://"]
+        requests = [("GET", "/api/record", None), ("GET", "/", None), ("GET", "/api/health", None),
+                    ("POST", "/api/inspect", b'{"text": "the dog"}'), ("POST", "/api/steps", b"{}")]
+        for origin in foreign:
+            for method, path, body in requests:
+                status, answer = _ask(conn, method, path, {"Origin": origin, **JSON}, body)
+                assert status == 403 and "only this server's own pages may call it" in answer["error"], (origin, path)
+        assert model_runs == []
+        own = f"http://127.0.0.1:{port}"  # the page's own fetch() calls send it on POST
+        assert _ask(conn, "GET", "/api/record", {"Origin": own})[1]["tokens"] == first["tokens"]
+        status, answer = _ask(conn, "POST", "/api/inspect", {"Origin": own, **JSON}, b'{"text": "the dog"}')
+        assert status == 200 and answer["tokens"]["decoder"] == ["the", "dog"]
+        status, _ = _ask(conn, "POST", "/api/inspect", {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}",
+                                                        **JSON}, b'{"text": "the cat"}')
+        assert status == 200 and model_runs == ["the dog", "the cat"]
+        for site, path, want in (("cross-site", "/api/record", 403), ("same-site", "/api/record", 403),
+                                 ("same-origin", "/api/record", 200), ("none", "/api/record", 200),
+                                 ("cross-site", "/", 200), ("cross-site", "/favicon.ico", 200)):
+            conn.request("GET", path, headers={"Sec-Fetch-Site": site})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == want, (site, path)
+        conn.close()
+    _no_traceback(server_log, capfd)
+
+
+@contextlib.contextmanager
+def _serving(pre, first, limits: Limits, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """:func:`serve` itself (as ``aiayn inspect`` runs it) in a thread on a free loopback port; yields its URL."""
+    import uvicorn
+
+    servers: list[uvicorn.Server] = []
+
+    class Kept(uvicorn.Server):
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            servers.append(self)
+
+    monkeypatch.setattr(uvicorn, "Server", Kept)
+    urls: list[str] = []
+    thread = threading.Thread(target=serve, args=(pre, first), daemon=True,
+                              kwargs={"port": 0, "limits": limits, "on_ready": urls.append})
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (servers and servers[0].started):
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield urls[0].rstrip("/")
+    finally:
+        servers[0].should_exit = True
+        thread.join(10)
+
+
+def _closed_after(s: socket.socket, sent: bytes = b"", limit: float = 10.0) -> float:
+    """Seconds until the server closes ``s`` after ``sent`` is sent on it (the test fails past ``limit``)."""
+    started = time.monotonic()
+    s.settimeout(limit)
+    if sent:
+        s.sendall(sent)
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_a_connection_that_sends_half_a_request_is_closed(lm, model_runs, monkeypatch, server_log, capfd) -> None:
+    """uvicorn has no timeout on a request's head: the server closes a connection whose head is late (Limits
+    .header_timeout), from the connection's start or the previous answer, and never one whose request it serves."""
+    pre, first = lm
+    import aiayn.inspect.record as record
+
+    counted = record.inspect_text
+
+    def slow(*args, **kwargs):  # longer than the head's deadline
+        time.sleep(1.5)
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(record, "inspect_text", slow)
+    with _serving(pre, first, Limits(header_timeout=0.5), monkeypatch) as url:
+        address = ("127.0.0.1", int(url.rpartition(":")[2]))
+        for sent in (b"GET /api/rec", b"", b"GET /api/record HTTP/1.1\r\nHost: 127.0.0.1\r\n", b"P"):
+            with socket.create_connection(address) as s:
+                seconds = _closed_after(s, sent)
+            assert 0.3 < seconds < 3, (sent, seconds)
+        with socket.create_connection(address) as s:  # one byte every 0.1 s: closed before the head is whole
+            s.settimeout(10)
+            started, trickled = time.monotonic(), b"GET /api/record HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            sent = 0
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                for byte in trickled:
+                    s.sendall(bytes([byte]))
+                    sent += 1
+                    time.sleep(0.1)
+                    try:
+                        if not s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                            raise ConnectionResetError("closed by the server")
+                    except BlockingIOError:  # open, nothing to read: go on trickling
+                        pass
+            assert 0.3 < time.monotonic() - started < 3 and sent < len(trickled), sent
+        conn = http.client.HTTPConnection(*address, timeout=30)  # after an answer, half of the next request
+        assert _ask(conn, "GET", "/api/health", {})[0] == 200
+        seconds = _closed_after(conn.sock, b"GET /api/he")
+        assert 0.3 < seconds < 3, seconds  # the deadline, not the 5 s keep-alive timeout (which it stops)
+        conn.close()
+        with httpx.Client(base_url=url, timeout=30) as client:  # 1.5 s of model work: not cut
+            answer = client.post("/api/inspect", json={"text": "the dog"})
+            assert answer.status_code == 200 and answer.json()["tokens"]["decoder"] == ["the", "dog"]
+            refused = client.get("/api/record", headers={"Host": "evil.example.com"})  # serve() passes the rules on
+            assert refused.status_code == 400 and "answers only to" in refused.json()["error"]
+        assert model_runs == ["the dog"]
+    _no_traceback(server_log, capfd)

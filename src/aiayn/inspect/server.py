@@ -5,6 +5,12 @@ the new inspection record, and its step-through and neuron views post a selectio
 (:mod:`aiayn.inspect.stepthrough`). The server binds the loopback address unless told otherwise, and every answer
 is JSON, an error as ``{"error": "what is wrong and what to do"}``:
 
+- a request that another site's page could have sent is refused before anything is read (the rules of every server
+  aiayn starts, :mod:`aiayn.local_server`): a Host that is not a loopback name or the ``--host`` it was started with
+  gets 400 (DNS rebinding); an ``Origin`` that is not the server's own, or ``Sec-Fetch-Site: cross-site`` (or
+  ``same-site``) on any address but the page's, 403; a POST that is not ``Content-Type: application/json``, 415.
+  A request head that has not arrived whole :attr:`Limits.header_timeout` seconds after the connection opened (or
+  after the previous answer) closes the connection;
 - a body over :attr:`Limits.max_body` bytes is refused with 413 before it is read whole; one that does not arrive
   whole within :attr:`Limits.body_timeout` seconds gets 408; a client that leaves mid-body gets nothing and leaves
   nothing in the log;
@@ -33,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiayn.errors import AiaynError
+from aiayn.local_server import AllowedHosts, LocalOnly, uvicorn_config
+from aiayn.local_server import is_loopback as is_loopback  # where the CLI and the tests find it
 
 #: the deepest nesting of arrays and objects a request body may have
 MAX_DEPTH = 8
@@ -46,13 +54,14 @@ log = logging.getLogger("aiayn.inspect")
 @dataclass(frozen=True)
 class Limits:
     """What one server accepts: request body bytes, input characters, inputs at once (running or waiting for the
-    model), seconds per input, seconds for a body to arrive."""
+    model), seconds per input, seconds for a body to arrive, seconds for a request's head to arrive."""
 
     max_body: int = 16_384
     max_chars: int = 2_000
     concurrency: int = 2
     timeout: float = 60.0
     body_timeout: float = 10.0
+    header_timeout: float = 10.0
 
 
 class BadRequest(Exception):
@@ -233,10 +242,13 @@ async def run_model(work: Callable[[], Any], slots: threading.BoundedSemaphore, 
     return answer(result["value"])
 
 
-def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any:
-    """The Starlette application serving ``pre`` (a loaded checkpoint), showing the record ``first`` on its page."""
+def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits(), host: str = "127.0.0.1",
+              also: tuple[str, ...] = ()) -> Any:
+    """The Starlette application serving ``pre`` (a loaded checkpoint), showing the record ``first`` on its page, to
+    requests for ``host`` (its ``--host``), the names ``also`` or a loopback name (:mod:`aiayn.local_server`)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
@@ -299,6 +311,8 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits()) -> Any
                             Route("/api/health", health),
                             Route("/api/inspect", guarded(inspect), methods=["POST"]),
                             Route("/api/steps", guarded(steps), methods=["POST"])],
+                    middleware=[Middleware(LocalOnly, allowed=AllowedHosts.bound_to(host, *also), refuse=error,
+                                           pages=("/", "/favicon.ico"))],
                     exception_handlers={HTTPException: http_error, Exception: internal_error})
     return _Quiet(app)
 
@@ -315,18 +329,6 @@ class _Quiet:
             await self.app(scope, receive, send)
         except Exception:  # noqa: BLE001 - answered and logged once already, by the app's handler
             pass
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -381,6 +383,7 @@ def serve(pre: Any, first: dict[str, Any], host: str = "127.0.0.1", port: int = 
         on_ready(url_of(sock))
     # no limit_concurrency: uvicorn counts idle keep-alive connections in it and answers plain-text 503; the app
     # limits the model work itself (429 with Retry-After)
-    server = uvicorn.Server(uvicorn.Config(build_app(pre, first, limits), log_level="warning", timeout_keep_alive=5))
+    app = build_app(pre, first, limits, host, also=(sock.getsockname()[0],))  # --host NAME: its address too
+    server = uvicorn.Server(uvicorn_config(app, limits.header_timeout))
     with sock:
         server.run(sockets=[sock])
