@@ -6,7 +6,8 @@ without a manifest but with config and weights is a checkpoint older than manife
 unverified. A save (:mod:`aiayn.train.checkpoint_files`) puts a new checkpoint in place with two renames, so
 that at every instant ``<name>`` is complete, or it is missing and ``<name>.old`` is complete:
 :func:`checkpoint_dir` finds whichever it is, :func:`recovered_file` does the same for one file of it (a
-tokenizer's), and :func:`verify` checks one file against the manifest.
+tokenizer's), and :func:`verify` checks one file against the manifest. A load reads every file through one
+:class:`CheckpointRead`: one directory, its manifest read once, unchanged by the saves that replace it meanwhile.
 
 Only the standard library, :mod:`aiayn.errors` and :mod:`aiayn.files`: every package that reads a checkpoint's
 files (tokenizers included) may import it.
@@ -14,12 +15,16 @@ files (tokenizers included) may import it.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
+import stat
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
-from aiayn.errors import AiaynError
-from aiayn.files import sha256_of
+from aiayn.errors import AiaynError, where
+from aiayn.files import BadJSON, parse_json, sha256_of
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.safetensors"
@@ -46,22 +51,32 @@ def _read_manifest(directory: Path) -> dict | None:
     """
     file = directory / MANIFEST_FILE
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise AiaynError(f"{file}: cannot read the checkpoint manifest ({e}); the checkpoint is corrupt") from e
+    return _parse_manifest(data, file)
+
+
+def _parse_manifest(data: bytes, file: Path) -> dict:
+    """The checked contents of the manifest ``file`` (its bytes ``data``).
+
+    Raises:
+        AiaynError: the manifest is not JSON, not nested as a manifest is, or from a newer aiayn.
+    """
     try:
-        data = json.loads(text)
+        data = parse_json(data)
         files = data["files"]
         ok = isinstance(data["format_version"], int) and all(
             isinstance(v["size"], int) and isinstance(v["sha256"], str) for v in files.values()
         )
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    except (BadJSON, KeyError, TypeError, AttributeError) as e:
+        why = e.detail if isinstance(e, BadJSON) else f"{type(e).__name__}: {e}"
         raise AiaynError(
-            f"{file}: not a valid checkpoint manifest ({type(e).__name__}: {e}); the checkpoint is corrupt: "
-            "use another checkpoint, or delete the manifest to load this one unverified"
-        ) from e
+            f"{where(file, getattr(e, 'line', None))}: not a valid checkpoint manifest ({why}); the checkpoint is "
+            "corrupt: use another checkpoint, or delete the manifest to load this one unverified"
+        ) from None
     if not ok:
         raise AiaynError(f"{file}: not a valid checkpoint manifest; the checkpoint is corrupt")
     if data["format_version"] > FORMAT_VERSION:
@@ -76,7 +91,8 @@ _VERIFIED: dict[tuple, str] = {}  # (path, inode, mtime, size) -> sha256 already
 
 
 def verify(directory: Path, name: str) -> None:
-    """Check ``directory/name`` against the manifest (size and SHA-256); no manifest: nothing to check.
+    """Check ``directory/name`` against the manifest (size and SHA-256); no manifest: nothing to check. (A load reads
+    through :class:`CheckpointRead`, which checks each file it reads; this is for files read by other means.)
 
     Raises:
         AiaynError: the file differs from what was saved, is missing while listed, or was added later.
@@ -88,33 +104,47 @@ def verify(directory: Path, name: str) -> None:
     entry = manifest["files"].get(name)
     if entry is None:
         if file.exists():
-            raise AiaynError(
-                f"{file}: not part of this checkpoint (absent from {MANIFEST_FILE}): it was added after the "
-                f"save; remove it, or delete {MANIFEST_FILE} to accept the checkpoint as it is"
-            )
+            raise _unlisted(file)
         return
     try:
         st = file.stat()
-        key = (str(file.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
             return
         same = st.st_size == entry["size"] and sha256_of(file) == entry["sha256"]
     except FileNotFoundError:
-        raise AiaynError(
-            f"{file}: missing, though {MANIFEST_FILE} lists it; the checkpoint is incomplete: restore the "
-            "file or use another checkpoint"
-        ) from None
+        raise _missing(file) from None
     except OSError as e:
-        raise AiaynError(f"{file}: cannot read ({e.strerror or e}); give this user read access to it "
-                         f"(chmod u+r {file}) or use another checkpoint") from None
+        raise _unreadable(file, e) from None
     if not same:
-        raise AiaynError(
-            f"{file}: checksum mismatch: the file is corrupt or was edited; restore it or use another "
-            f"checkpoint (or delete {MANIFEST_FILE} to accept a deliberate edit)"
-        )
+        raise _mismatch(file)
+    _remember(key, entry["sha256"])
+
+
+def _remember(key: tuple, sha256: str) -> None:
     if len(_VERIFIED) > 256:
         _VERIFIED.clear()
-    _VERIFIED[key] = entry["sha256"]
+    _VERIFIED[key] = sha256
+
+
+def _unlisted(file: Path) -> AiaynError:
+    return AiaynError(f"{file}: not part of this checkpoint (absent from {MANIFEST_FILE}): it was added after the "
+                      f"save; remove it, or delete {MANIFEST_FILE} to accept the checkpoint as it is")
+
+
+def _missing(file: Path) -> AiaynError:
+    return AiaynError(f"{file}: missing, though {MANIFEST_FILE} lists it; the checkpoint is incomplete: restore the "
+                      "file or use another checkpoint")
+
+
+def _unreadable(file: Path, e: OSError) -> AiaynError:
+    return AiaynError(f"{file}: cannot read ({e.strerror or e}); give this user read access to it "
+                      f"(chmod u+r {file}) or use another checkpoint")
+
+
+def _mismatch(file: Path) -> AiaynError:
+    return AiaynError(f"{file}: checksum mismatch: the file is corrupt or was edited; restore it or use another "
+                      f"checkpoint (or delete {MANIFEST_FILE} to accept a deliberate edit)")
 
 
 # ----------------------------------------------------------------- completeness, the previous copy
@@ -183,15 +213,16 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
 
 def checkpoint_file(path: str | os.PathLike, name: str) -> Path:
     """The file ``name`` (e.g. ``"tokenizer.json"``) of the checkpoint ``path``, as :func:`checkpoint_dir`
-    resolves it, so that every file of one load comes from the same complete directory, checked against the
-    manifest (:func:`verify`).
+    resolves it, checked against the manifest of its directory (:class:`CheckpointRead`). A caller that opens the
+    path later reads whatever is there then; a load that reads several files reads them through one
+    :class:`CheckpointRead`.
 
     Raises:
         AiaynError: no checkpoint directory at ``path``, or the file differs from the checkpoint's manifest.
     """
-    directory = checkpoint_dir(path)
-    verify(directory, name)
-    return directory / name
+    with CheckpointRead(path) as ck:
+        ck.check(name)
+        return ck.file(name)
 
 
 def recovered_file(path: str | os.PathLike) -> Path:
@@ -203,3 +234,241 @@ def recovered_file(path: str | os.PathLike) -> Path:
     if old.is_dir() and _status(directory) not in _GOOD and _status(old) in _GOOD:
         return old / file.name
     return file
+
+
+# ------------------------------------------------------------------------ reading one checkpoint consistently
+
+T = TypeVar("T")
+_DIR_FDS = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")  # files opened inside an open directory
+_PROC_FD = Path("/proc/self/fd")  # Linux: a path that opens what a descriptor holds, whatever was renamed since
+
+
+class CheckpointRead:
+    """One checkpoint read as one save wrote it, while other saves may replace it.
+
+    A save puts a new directory at ``<name>`` with two renames and then deletes the previous one (``<name>`` ->
+    ``<name>.old`` -> trash), so a reader that resolves the directory, or reads the manifest, once per file can mix
+    the files of two saves. This pins one directory: it opens the directory :func:`checkpoint_dir` finds, reads its
+    manifest once, and opens every file at its top level at once (those the manifest lists; all of them in a
+    checkpoint older than manifests), so that later renames and deletions change nothing it reads. When the
+    directory moved while it was being pinned (a save committed in that instant), it is pinned again, up to
+    :attr:`TRIES` times; then one error says that the checkpoint was rewritten while being read. Each file is checked
+    against its own directory's manifest as it is read, so a mismatch means the file is corrupt.
+
+    Use it as a context manager; the loaders (:mod:`aiayn.train.checkpoint_load`) take it in place of a path
+    (:func:`read_checkpoint`).
+
+    Attributes:
+        path: the checkpoint as the caller named it.
+        directory: the directory pinned (``path``, or ``<path>.old`` after a save cut short), for messages.
+        manifest: its parsed manifest; None for a checkpoint older than manifests.
+
+    Raises:
+        AiaynError: no checkpoint at ``path``, an unreadable directory or manifest, or a checkpoint replaced during
+            every try.
+    """
+
+    TRIES = 5
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._fds: dict[str, int | OSError | None] = {}  # file name -> descriptor, the error opening it, or None
+        self._dir: int | None = None
+        self._stat: os.stat_result | None = None
+        for _ in range(self.TRIES):
+            self.directory = checkpoint_dir(self.path)
+            try:
+                self._pin()
+                error = None
+            except AiaynError as e:
+                error = e
+            except OSError as e:
+                error = _unreadable(self.directory, e)
+            if self._in_place():
+                if error is None:
+                    return
+                self.close()
+                raise error
+            self.close()
+        raise AiaynError(f"{self.path}: the checkpoint was rewritten while being read ({self.TRIES} tries): another "
+                         "process saves it over and over (a training run saving it every step?); retry, or read a "
+                         "checkpoint that is not being written (best/ or step-N/ beside it)")
+
+    def _pin(self) -> None:
+        """Open the directory, read its manifest and open its files (a file already gone is left unopened)."""
+        self._stat, self.manifest = None, None
+        self._stat = os.stat(self.directory)
+        if _DIR_FDS:
+            self._dir = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        raw = self._read(MANIFEST_FILE)
+        if raw is None and (self.directory / MANIFEST_FILE).is_dir():
+            raise AiaynError(f"{self.file(MANIFEST_FILE)}: cannot read the checkpoint manifest (a folder, not a "
+                             "file); the checkpoint is corrupt: use another checkpoint")
+        self.manifest = None if raw is None else _parse_manifest(raw, self.file(MANIFEST_FILE))
+        if self.manifest is not None:
+            names = [n for n in self.manifest["files"] if "/" not in n]
+        else:
+            with os.scandir(self.directory if self._dir is None else self._dir) as entries:
+                names = [e.name for e in entries if e.is_file()]
+        for name in names:
+            self._fds[name] = self._opened(name)
+
+    def _in_place(self) -> bool:
+        """Whether the directory at :attr:`directory` is still the one pinned (a save renames it away)."""
+        try:
+            now = os.stat(self.directory)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # not a move: the error is the reader's to report
+        pinned = os.fstat(self._dir) if self._dir is not None else self._stat
+        return pinned is not None and (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
+
+    def _open(self, name: str) -> int | None:
+        """The open descriptor of ``name`` in the pinned directory; None when there is no such file.
+
+        Raises:
+            AiaynError: the file cannot be opened (said only when it is asked for: a reader that does not need it
+                is not stopped by it).
+        """
+        if name not in self._fds:
+            self._fds[name] = self._opened(name)
+        fd = self._fds[name]
+        if isinstance(fd, OSError):
+            raise _unreadable(self.file(name), fd)
+        return fd
+
+    def _opened(self, name: str) -> int | OSError | None:
+        try:
+            fd = (os.open(self.directory / name, os.O_RDONLY) if self._dir is None
+                  else os.open(name, os.O_RDONLY, dir_fd=self._dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            return e
+        if stat.S_ISDIR(os.fstat(fd).st_mode):  # a folder where a file should be: no such file
+            os.close(fd)
+            return None
+        return fd
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            with self.open_file(name) or nullcontext() as f:
+                return None if f is None else f.read()
+        except OSError as e:
+            raise _unreadable(self.file(name), e) from None
+
+    def _entry(self, name: str) -> dict | None:
+        """The manifest's entry for ``name``; None when there is nothing to check (no manifest, or an unlisted
+        file that is absent).
+
+        Raises:
+            AiaynError: ``name`` is listed but missing, or present but not listed.
+        """
+        if self.manifest is None:
+            return None
+        entry = self.manifest["files"].get(name)
+        if entry is None and self.has(name):
+            raise _unlisted(self.file(name))
+        if entry is not None and not self.has(name):
+            raise _missing(self.file(name))
+        return entry
+
+    def file(self, name: str) -> Path:
+        """``name``'s path in the pinned directory, for messages."""
+        return self.directory / name
+
+    def has(self, name: str) -> bool:
+        """Whether the pinned directory holds the file ``name``."""
+        return self._open(name) is not None
+
+    def check(self, name: str, data: bytes | None = None) -> None:
+        """Check ``name`` against the manifest: its size and SHA-256, or those of ``data``, its bytes as the caller
+        read them (:meth:`read_bytes`). A file this process checked already is not read again.
+
+        Raises:
+            AiaynError: the file differs from what was saved, is missing while listed, or was added later.
+        """
+        entry = self._entry(name)
+        if entry is None:
+            return
+        if data is not None:
+            if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                raise _mismatch(self.file(name))
+            return
+        fd = self._open(name)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
+            return
+        try:
+            same = st.st_size == entry["size"] and sha256_of(fd) == entry["sha256"]
+        except OSError as e:
+            raise _unreadable(self.file(name), e) from None
+        if not same:
+            raise _mismatch(self.file(name))
+        _remember(key, entry["sha256"])
+
+    def read_bytes(self, name: str, check: bool = True) -> bytes | None:
+        """The bytes of ``name``, checked against the manifest unless ``check`` is false (the caller then calls
+        :meth:`check` with them, e.g. after saying what is wrong with their JSON); None when the checkpoint has no
+        such file.
+
+        Raises:
+            AiaynError: the file differs from what was saved, is missing while listed, or was added later.
+        """
+        if check:
+            self._entry(name)  # listed but missing, or not listed: said before anything is read
+        data = self._read(name)
+        if check and data is not None:
+            self.check(name, data)
+        return data
+
+    def open_file(self, name: str) -> BinaryIO | None:
+        """The pinned file ``name``, opened for reading from its start (unchecked: e.g. for a look at a header); None
+        when the checkpoint has no such file."""
+        fd = self._open(name)
+        if fd is None:
+            return None
+        f = open(os.dup(fd), "rb")
+        f.seek(0)
+        return f
+
+    def os_path(self, name: str) -> Path | None:
+        """A path that opens the pinned file ``name``, checked against the manifest, for a library that opens files
+        by path (safetensors): ``/proc/self/fd/N`` on Linux; elsewhere the file in the directory (a save that
+        replaces the checkpoint between the check and the library's open goes unnoticed there). None when absent.
+
+        Raises:
+            AiaynError: as :meth:`check`.
+        """
+        self.check(name)
+        fd = self._open(name)
+        if fd is None:
+            return None
+        return _PROC_FD / str(fd) if _PROC_FD.is_dir() else self.file(name)
+
+    def close(self) -> None:
+        """Close every descriptor (the files stay as they are)."""
+        for fd in self._fds.values():
+            if isinstance(fd, int):
+                os.close(fd)
+        self._fds.clear()
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> CheckpointRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_checkpoint(source: str | os.PathLike | CheckpointRead, read: Callable[[CheckpointRead], T]) -> T:
+    """``read(ck)`` of the checkpoint ``source``: a :class:`CheckpointRead` as it is (several reads of one load), or
+    a path, pinned for this one read."""
+    if isinstance(source, CheckpointRead):
+        return read(source)
+    with CheckpointRead(source) as ck:
+        return read(ck)

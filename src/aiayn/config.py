@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, where
+from aiayn.files import BadJSON, parse_json
 from aiayn.validation import Problems, Rule, above, at_least, choice, dataclass_types, within
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
@@ -398,9 +399,9 @@ class ModelConfig:
                 raise AiaynError(f"{path}: config file not found; check the path")
             source, text = str(path), path.read_text(encoding="utf-8")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise AiaynError(f"{source}:{e.lineno}: invalid JSON ({e.msg}); fix the file") from None
+            data = parse_json(text)
+        except BadJSON as e:
+            raise AiaynError(f"{where(source, e.line)}: invalid JSON ({e.detail}); fix the file") from None
         return cls.from_dict(data, source)
 
     def replace(self, **changes: Any) -> ModelConfig:

@@ -1,5 +1,5 @@
 """Writing a file so that a reader sees the old file or the whole new one, never a part, with the permissions an
-ordinary ``open()`` would give it (the umask's); a file's SHA-256.
+ordinary ``open()`` would give it (the umask's); a file's SHA-256; parsing JSON with every failure in words.
 
 Only the standard library: every package may import it without an import cycle.
 """
@@ -7,12 +7,14 @@ Only the standard library: every package may import it without an import cycle.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"  # no "-": it separates a side name's parts
 #: a hidden side folder of :func:`side_name`: ``.<name>.<kind>-<host>-<pid>-<random>`` (older ones have no host)
@@ -81,10 +83,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def sha256_of(path: str | Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+def sha256_of(path: str | Path | int) -> str:
+    """Hex SHA-256 of a file (a path, or an open file descriptor, read from its start), read in 1 MiB chunks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(os.dup(path) if isinstance(path, int) else path, "rb") as f:
+        f.seek(0)
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -102,3 +105,31 @@ def fsync_dir(path: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class BadJSON(ValueError):
+    """What :func:`parse_json` could not read: ``detail`` in words (``Expecting value``, ``nested too deeply ...``),
+    ``line`` where there is one. Callers say it with the file's name and the fix (``<file>:<line>: not valid JSON
+    (<detail>); ...``)."""
+
+    def __init__(self, detail: str, line: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail, self.line = detail, line
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` whose every failure is one :class:`BadJSON`: a syntax error (with its line), bytes that are not
+    text, and nesting deeper than the parser follows (Python raises ``RecursionError`` a thousand levels down).
+
+    Raises:
+        BadJSON: what is wrong, in words.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadJSON(e.msg, e.lineno) from None
+    except RecursionError:
+        raise BadJSON("nested too deeply to read: thousands of [ or { inside each other, where no file of aiayn's "
+                      "nests more than a few") from None
+    except UnicodeDecodeError as e:
+        raise BadJSON(f"not UTF-8 text: {e.reason} at byte {e.start}") from None

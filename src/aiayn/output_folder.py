@@ -24,10 +24,12 @@ holding only what training runs write there.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
-from aiayn.files import SIDE_FOLDER, fsync_dir, sha256_of, side_name
+from aiayn.files import SIDE_FOLDER, fsync_dir, parse_json, sha256_of, side_name
 
 CHECKPOINT = "aiayn checkpoint"
 TRANSFORMERS = "transformers folder"
@@ -76,12 +78,12 @@ def _read_manifest(folder: Path, kind: str) -> dict[str, dict[str, Any]] | None:
     try:
         if file.is_symlink() or not file.is_file():
             return None
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = parse_json(file.read_bytes())
         files = data["files"]
         ok = isinstance(data["format_version"], int) and isinstance(files, dict) and all(
             isinstance(k, str) and isinstance(v["size"], int) and isinstance(v["sha256"], str)
             for k, v in files.items())
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: BadJSON, nested too deeply included
         return None
     if not ok or (kind != CHECKPOINT and data.get("aiayn_output") != kind):
         return None
@@ -134,12 +136,12 @@ def check_output_folder(out: str | os.PathLike, kind: str, *, overwrite: bool = 
         The checked folder, for :func:`install` (or :func:`merge_into`).
 
     Raises:
-        AiaynError: ``out`` is a file; it is, holds or lies inside a source; or it is a non-empty folder that is
-            not ``kind``'s output and ``overwrite`` is false.
+        AiaynError: ``out`` cannot be a folder (:func:`folder_problem`: a file, a looping or dangling symbolic link, a
+            name too long, ...); it is, holds or lies inside a source; or it is a non-empty folder that is not
+            ``kind``'s output and ``overwrite`` is false.
     """
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise AiaynError(f"{path}: is a file, not a folder; remove or rename that file, or choose another folder")
+    refuse_unusable(path, "another folder")
     _check_sources(path, sources)
     if not path.exists():
         return OutputFolder(path, kind, "new")
@@ -162,6 +164,85 @@ def check_output_folder(out: str | os.PathLike, kind: str, *, overwrite: bool = 
                      f"{kind}; refusing to write into it: choose a new or empty folder, or pass {flag} to write the "
                      f"{kind}'s files into it (files of the same names are replaced; nothing else there is changed "
                      "or removed)")
+
+
+# ------------------------------------------------------------------------------------------- unusable paths
+
+
+def folder_problem(path: str | os.PathLike) -> tuple[Path, str, str] | None:
+    """Why ``path`` cannot be a folder to write into, as ``(the path at fault, the cause, the fix)``; None when it
+    is a folder, or is missing and can be made.
+
+    The causes: a file; a symbolic link that loops, or that points to something missing; a name longer than the
+    file system allows (255 bytes on most); a path longer than it allows; a file where a folder of the path should
+    be; a folder this user may not enter.
+    """
+    path = Path(path)
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            return None
+    except OSError:
+        pass
+    limit = _name_max(path)
+    for part in (path, *path.parents):
+        size = len(os.fsencode(part.name))
+        if size > limit:
+            return (part, f"a name in the path is {size} bytes long, over the file system's limit of {limit} "
+                          "bytes per name", "shorten that name")
+    size, most = len(os.fsencode(os.path.abspath(path))), _limit(path, "PC_PATH_MAX", 4096)
+    if size >= most:
+        return path, f"the path is {size} bytes long, over the file system's limit of {most - 1}", "shorten it"
+    for part in [*reversed(path.parents), path]:
+        try:
+            st = os.stat(part)
+        except FileNotFoundError:
+            if not os.path.islink(part):
+                return None  # the rest of the path is made
+            target = Path(os.path.normpath(part.parent / os.readlink(part)))
+            return (part, f"a symbolic link to a missing folder, {target}",
+                    f"create that folder (mkdir -p {target}), or remove the link (rm {part})")
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return (part, "a symbolic link that loops (it leads back to itself through links)",
+                        f"point it at a folder (ln -sfn FOLDER {part}), or remove it (rm {part})")
+            if e.errno in (errno.EACCES, errno.EPERM):
+                return (part.parent, "this user may not look inside that folder (permission denied)",
+                        f"give this user access to it (chmod u+rx {part.parent})")
+            if e.errno == errno.ENAMETOOLONG:
+                return path, f"the path is {len(os.fsencode(path))} bytes long, too long for the file system", \
+                    "shorten it"
+            return part, e.strerror or str(e), "check the path"
+        if not stat.S_ISDIR(st.st_mode):
+            inside = "" if part == path else f", so {path} cannot be made inside it"
+            return part, f"is a file, not a folder{inside}", "remove or rename that file"
+    return None
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name (in bytes) the file system of ``path``'s nearest existing folder allows."""
+    return _limit(path, "PC_NAME_MAX", 255)
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    """``os.pathconf(name)`` of ``path``'s nearest existing folder; ``default`` where it cannot be asked."""
+    for folder in path.parents:
+        try:
+            return int(os.pathconf(folder, name))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return default
+
+
+def refuse_unusable(path: Path, other: str) -> None:
+    """Raise :func:`folder_problem`'s reason as one :class:`AiaynError`, its fix ending with "or choose ``other``".
+
+    Raises:
+        AiaynError: ``<path at fault>: <cause>; <fix>, or choose <other>``.
+    """
+    problem = folder_problem(path)
+    if problem is not None:
+        where, cause, fix = problem
+        raise AiaynError(f"{where}: {cause}; {fix}, or choose {other}")
 
 
 # ----------------------------------------------------------------------------------------------------- writing
@@ -315,8 +396,9 @@ def check_run_files(out: str | os.PathLike) -> None:
     folder: before any work, rather than when the run writes it.
 
     Raises:
-        AiaynError: naming the folder in the way.
+        AiaynError: naming the folder in the way, or why ``out`` cannot be a folder (:func:`folder_problem`).
     """
+    refuse_unusable(Path(out), "another train.out_dir")
     for name in sorted(_RUN_FILES):
         if (Path(out) / name).is_dir():
             raise AiaynError(f"{Path(out) / name}: is a folder, where training writes its {name} file; remove or "
@@ -331,12 +413,12 @@ def check_run_folder(out: str | os.PathLike, extra: tuple[str, ...] = ()) -> Non
     that holds nothing but such entries (and the ``extra`` file names a program writes beside them).
 
     Raises:
-        AiaynError: ``out`` holds anything else (named), or is a file.
+        AiaynError: ``out`` holds anything else (named), or cannot be a folder (:func:`folder_problem`: a file, a
+            looping or dangling symbolic link, a name longer than the file system allows, ...).
     """
     path = Path(out)
+    refuse_unusable(path, "another train.out_dir")
     if not path.is_dir():
-        if path.exists():
-            raise AiaynError(f"{path}: is a file, not a folder; choose another train.out_dir")
         return
     check_run_files(path)
     foreign = sorted(p.name for p in path.iterdir()

@@ -10,12 +10,14 @@ import torch
 from torch import nn
 
 from aiayn.accel import accelerate, quantize_int8
+from aiayn.checkpoint_layout import CheckpointRead
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.stats import size_problem
-from aiayn.tokenize import Tokenizer, load_tokenizer
-from aiayn.train.checkpoint import checkpoint_file, load_config, load_model_state
+from aiayn.tokenize import Tokenizer, checkpoint_tokenizer
+from aiayn.train.checkpoint import MODEL_FILE, load_config, load_model_state
+from aiayn.train.checkpoint_load import check_memory, memory_errors_said
 
 
 class Tokenizers(dict):
@@ -135,9 +137,13 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     (:func:`aiayn.accel.accelerate`; ``accel="none"`` keeps the reference modules, default ``$AIAYN_ACCEL`` or
     "auto").
 
+    Every file is read from one save (:class:`~aiayn.checkpoint_layout.CheckpointRead`), also while a training run
+    saves the checkpoint again.
+
     Raises:
         AiaynError: missing directory or files (names what is missing); a training run's folder instead of one of
-            its checkpoints (names them); int8 with a dtype other than float32; fp16 on the CPU.
+            its checkpoints (names them); int8 with a dtype other than float32; fp16 on the CPU; a model that needs
+            more memory than this process may use (said before it is read where the sizes are known).
     """
     from aiayn.nn.precision import inference_dtype
 
@@ -150,31 +156,35 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
         raise AiaynError(f"{d}: checkpoint directory not found; pass the folder that holds config.json "
                          "(e.g. runs/demo/best)")
     refuse_run_folder(d)
-    meta = load_config(d)
-    if "model" not in meta:
-        raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
-    problems = meta_problems(meta)
-    if problems:
-        raise AiaynError(f"{d / 'config.json'}: {'; '.join(problems)}; the file was edited or is corrupt: restore it "
-                         "or use another checkpoint")
-    config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
-    too_big = size_problem(config, 4, "hold in float32")
-    if too_big is not None:
-        raise AiaynError(f"{d / 'config.json'}: model {too_big}: the file was edited or is corrupt")
-    model = build_model(config, init=False)
-    load_model_state(d, model)
-    tokenizers: dict[str, Tokenizer] = {}
-    cache: dict[str, Tokenizer] = {}
-    for role, name in meta.get("tokenizers", {}).items():
-        if name not in cache:
-            cache[name] = load_tokenizer(checkpoint_file(d, name))
-        tokenizers[role] = cache[name]
-    model = model.to(device).eval()
-    if int8:
-        model = quantize_int8(model)
-    elif dtype != torch.float32:
-        from aiayn.nn.precision import cast_for_inference
+    with CheckpointRead(d) as ck:  # every file from one save, even while training saves the checkpoint again
+        meta = load_config(ck)
+        if "model" not in meta:
+            raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
+        problems = meta_problems(meta)
+        if problems:
+            raise AiaynError(f"{d / 'config.json'}: {'; '.join(problems)}; the file was edited or is corrupt: restore "
+                             "it or use another checkpoint")
+        config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
+        too_big = size_problem(config, 4, "hold in float32")
+        if too_big is not None:
+            raise AiaynError(f"{d / 'config.json'}: model {too_big}: the file was edited or is corrupt")
+        check_memory(ck, copies=2)  # the weights, mapped from the file, and the model they are copied into
+        with memory_errors_said(ck.file(MODEL_FILE)):
+            model = build_model(config, init=False)
+            load_model_state(ck, model)
+        tokenizers: dict[str, Tokenizer] = {}
+        cache: dict[str, Tokenizer] = {}
+        for role, name in meta.get("tokenizers", {}).items():
+            if name not in cache:
+                cache[name] = checkpoint_tokenizer(ck, name)
+            tokenizers[role] = cache[name]
+    with memory_errors_said(ck.file(MODEL_FILE)):
+        model = model.to(device).eval()
+        if int8:
+            model = quantize_int8(model)
+        elif dtype != torch.float32:
+            from aiayn.nn.precision import cast_for_inference
 
-        cast_for_inference(model, dtype)
+            cast_for_inference(model, dtype)
     accelerate(model, "decode", accel)
     return Pretrained(model, config, Tokenizers(d, tokenizers), meta)

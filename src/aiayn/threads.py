@@ -21,19 +21,21 @@ An explicit choice always wins and is never changed: ``aiayn --threads N`` (:fun
 ``OMP_NUM_THREADS`` in the environment, ``train.threads`` in a recipe. The ``aiayn`` command applies the rule once
 before its command runs (:func:`apply_at_start`, a 0.2 s window) and the trainer then re-checks it every
 :data:`RECHECK_SECONDS` during a run (:class:`ThreadGovernor`, reading the counters since its last check: no
-waiting). The library never does this by itself, as it changes the whole process: a Python program calls
-:func:`apply_at_start` once at start-up to get it. Where ``/proc/stat`` cannot be read (macOS, Windows) nothing
+waiting). A Python program that calls the trainer without choosing its threads gets the same re-checks for the
+run (:func:`rule_for_this_run`), and its thread count back afterwards; it may call :func:`apply_at_start` once at
+start-up to have the rule for everything else it does. Where ``/proc/stat`` cannot be read (macOS, Windows) nothing
 is measured and torch's default stays.
 Imports only torch and the standard library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +54,7 @@ START_WINDOW_SECONDS = 0.2
 
 _explicit: int | None = None  # threads given by --threads
 _adaptive = False  # whether this process chose its threads by the rule (apply_at_start), so training re-checks it
-_torch_default: int | None = None  # torch's own thread count before anything here changed it
+_torch_default: int | None = torch.get_num_threads()  # torch's thread count when this module was imported
 _said = ""  # the last notice printed, so that the same one is not printed twice
 _pending: tuple[str, int, Callable[[str], None]] | None = None  # apply_at_start's notice, until announce_threads
 
@@ -260,6 +262,25 @@ def apply_at_start(start: CpuSample | None = None, *, say: Callable[[str], None]
     return decision
 
 
+@contextlib.contextmanager
+def rule_for_this_run(recipe_threads: int | None) -> Iterator[None]:
+    """The rule for one training run of a Python program that chose no thread count (no ``--threads``,
+    ``OMP_NUM_THREADS``, ``train.threads``, nor a ``torch.set_num_threads`` of its own): the run's
+    :class:`ThreadGovernor` applies it after the first step, and torch's count comes back when the run ends. A
+    no-op under the ``aiayn`` command, which chose at start-up (:func:`apply_at_start`)."""
+    global _adaptive
+    if _adaptive or recipe_threads or explicit_threads() is not None \
+            or torch.get_num_threads() != torch_default_threads():
+        yield
+        return
+    before, _adaptive = torch.get_num_threads(), True
+    try:
+        yield
+    finally:
+        _adaptive = False
+        torch.set_num_threads(before)
+
+
 def announce_threads() -> None:
     """Say the choice :func:`apply_at_start` made, once, when the command begins its work: so nothing is said
     before an error in the command's arguments, nor after the work chose its own threads (``train.threads``;
@@ -319,10 +340,13 @@ class ThreadGovernor:
             return None
         now = self._sample()
         busy = None if now is None else others_busy(self.last, now)
-        if busy is None:  # too short a window yet: try again at the next step
+        flops = 6.0 * self.params * target_tokens
+        if busy is None and flops >= SMALL_STEP_FLOPS:  # too short a window yet: try again at the next step
             return None
-        self.last, self.next_check = now, self.clock() + self.every_s
-        decision = choose_threads(self.cores, busy, 6.0 * self.params * target_tokens, now.n_cpus)
+        if busy is not None:  # a small step runs on one thread whatever others do: no need to wait for a window
+            self.last = now
+        self.next_check = self.clock() + self.every_s
+        decision = choose_threads(self.cores, busy, flops, None if now is None else now.n_cpus)
         self.decisions.append(decision)
         if decision.threads != torch.get_num_threads():
             torch.set_num_threads(decision.threads)

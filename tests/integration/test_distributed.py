@@ -207,3 +207,64 @@ def test_an_error_in_the_ranks_is_one_clear_message(tmp_path: Path, corpus_dir: 
     err = capfd.readouterr().err
     assert "d_modle" in err and "Traceback" not in err
     assert "of 2 stopped with exit code 2" in err
+
+
+def _launch(recipe: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "aiayn", "train", str(recipe), *args, "--nproc", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _after_step(run: Path, launcher: subprocess.Popen, step: int) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert launcher.poll() is None, launcher.communicate()[0]
+        rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
+        if any(r.get("step", 0) >= step and "train_loss" in r for r in rows):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} in 120 s")
+
+
+@pytest.mark.parametrize("to", ["launcher mid-step", "launcher mid-validation", "one rank"])
+def test_a_stop_signal_saves_one_step_of_every_rank_and_resuming_equals_no_stop(tmp_path: Path, corpus_dir: Path,
+                                                                                to: str) -> None:
+    # SIGTERM to the launcher (a scheduler, docker stop), which passes it on; SIGUSR1 to one rank only (Slurm's
+    # --signal reaches every process; here only one), which stops the other after the same step
+    sig = signal.SIGTERM if to.startswith("launcher") else signal.SIGUSR1
+    folder = tmp_path / "stopped"
+    folder.mkdir()
+    recipe = _recipe(folder, corpus_dir)
+    # progress lines (standard output is a pipe) say when a validation starts
+    launcher = _launch(recipe, *QUIET, "train.max_steps=100000", "train.eval_every=5", "train.progress=true")
+    said = ""
+    try:
+        if to.endswith("mid-validation"):
+            while "validating" not in said:
+                line = launcher.stdout.readline()
+                assert line, said
+                said += line
+        else:
+            _after_step(folder / "run", launcher, 3)
+        os.kill(_children(launcher.pid)[-1] if to == "one rank" else launcher.pid, sig)
+        said += launcher.communicate(timeout=150)[0]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 128 + sig, said
+    assert "Traceback" not in said and "SignalException" not in said and "Warning" not in said
+    last = folder / "run" / "last"
+    state = load_training_state(last)
+    step = state["step"]
+    assert len(state["rng_by_rank"]) == 2
+    assert f"stopped by {sig.name} at step {step}; last saved: step {step} in {last}" in said
+    assert f"continue with: {sys.executable} -m aiayn train {recipe} " in said and "--nproc 2 --resume" in said
+    assert said.rstrip().endswith(f"aiayn train: stopped by {sig.name}") and said.count("aiayn train: stopped") == 1
+    if to == "one rank":
+        return
+    end = [f"train.max_steps={step + 3}", "train.eval_every=5"]
+    assert main(["train", str(recipe), *QUIET, *end, "--resume", "--nproc", "2"]) == 0
+    assert _train(tmp_path, corpus_dir, *QUIET, *end, "--nproc", "2") == 0  # never stopped
+    a, b = _weights(tmp_path / "run" / "last"), _weights(last)
+    assert all(torch.equal(a[k], b[k]) for k in a)

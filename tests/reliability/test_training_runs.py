@@ -51,15 +51,6 @@ threads = 1
 WORDS = "the king and queen of a fair land walk to sea by night with their old dog".split()
 
 
-@pytest.fixture
-def recipe_file(tmp_path: Path) -> Path:
-    lines = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(6 + i % 5)) for i in range(200)]
-    (tmp_path / "text.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    path = tmp_path / "lm.toml"
-    path.write_text(RECIPE.format(path=tmp_path / "text.txt", out=tmp_path / "run"), encoding="utf-8")
-    return path
-
-
 def _run(recipe_file: Path, *overrides: str, resume: bool = False, patch_loss=None):
     """Train the recipe (with ``overrides``); ``patch_loss(step_call, loss)`` may replace each micro-batch loss."""
     recipe = load_recipe(recipe_file, list(overrides))
@@ -226,8 +217,17 @@ def unreadable(monkeypatch: pytest.MonkeyPatch):
                 return opener(file, *args, **kwargs)
             return open_
 
+        real_os_open = os.open
+
+        def os_open(path, flags, mode=0o777, *, dir_fd=None):  # a checkpoint's files are opened inside its folder
+            full = Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path if dir_fd is not None else Path(path)
+            if str(full.resolve()) in blocked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_os_open(path, flags, mode, dir_fd=dir_fd)
+
         monkeypatch.setattr(builtins, "open", guarded(real_open))
         monkeypatch.setattr(io, "open", guarded(real_io_open))
+        monkeypatch.setattr(os, "open", os_open)
         monkeypatch.setattr("safetensors.safe_open", _blocked_safe_open(blocked))
     yield make
     for name in blocked:

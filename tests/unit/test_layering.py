@@ -25,7 +25,8 @@ APPLICATIONS = ("aiayn.cli.", "aiayn.demos.", "aiayn.check")
 #: rungs, anywhere in its files. ``aiayn.accel`` stands beside the core: it may import the core, and the core reaches
 #: it only through the entry point ``aiayn.accel`` at :data:`CALL_SITES` (checked by the accelerator tests below).
 LADDER: tuple[tuple[str, ...], ...] = (
-    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation"),  # the standard library (and torch) only
+    # the standard library (and torch) only
+    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation", "aiayn.program", "aiayn.local_server"),
     ("aiayn.config", "aiayn.output_folder", "aiayn.checkpoint_layout"),
     ("aiayn.nn",),
     ("aiayn.models",),

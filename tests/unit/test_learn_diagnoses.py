@@ -9,7 +9,12 @@ is noted.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -504,3 +509,29 @@ def test_a_wrong_shape_is_named() -> None:
 
     result = check_function(EXERCISES["split_heads"], split_heads, seed=0)
     assert result.titles == ["heads axis not moved forward"] and "has shape" in result.report()
+
+
+def test_a_learners_file_under_a_folder_named_aiayn_keeps_its_line(tmp_path: Path) -> None:
+    folder = tmp_path / "aiayn" / "work"  # what `git clone` of this repository makes: a folder named aiayn
+    folder.mkdir(parents=True)
+    (folder / "mine.py").write_text("import math\nimport torch\n\n\ndef attention(q, k, v):\n"
+                                    "    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v\n",
+                                    encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("mine_in_aiayn", folder / "mine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = check_function(EXERCISES["attention"], module.attention, seed=0).report()
+    assert f"{folder / 'mine.py'}:6" in report and "math.sqrt(d_k)" in report
+
+
+def test_the_learn_checks_pass_from_a_clone_in_a_folder_named_aiayn(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("needs git and this repository's history to clone")
+    clone = tmp_path / "aiayn"
+    subprocess.run(["git", "clone", "--quiet", "--depth", "1", f"file://{root}", str(clone)], check=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/unit/test_learn_diagnoses.py", "-k", "shown_with_its_line"],
+                          cwd=clone, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout

@@ -166,3 +166,18 @@ def test_docstring_check_finds_planted_figures(tmp_path: Path) -> None:
     hits = docstring_hits(tmp_path)
     assert [h.split(": ")[0] for h in hits] == ["src/m.py:3", "src/m.py:4", "src/m.py:8", "src/m.py:12"]
     assert "markdown table" in hits[0] and "speed-up ratio" in hits[2] and "'Nx faster' claim" in hits[3]
+
+
+def test_the_install_raises_no_setuptools_deprecation() -> None:
+    """pyproject.toml as setuptools reads it during `pip install -e .`: no warning (a `license` table printed a
+    deprecation banner three times inside a quiet install)."""
+    import warnings
+
+    config = pytest.importorskip("setuptools.config.pyprojecttoml")
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist = config.apply_configuration(Distribution(), str(ROOT / "pyproject.toml"))
+    assert [str(w.message) for w in caught] == []
+    assert dist.metadata.license_expression == "MIT"

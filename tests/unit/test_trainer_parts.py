@@ -297,7 +297,7 @@ def test_an_interrupt_saves_the_last_whole_step_with_its_position_and_rng(tmp_pa
     run.mark_done()
     after_step = torch.rand(4)  # what the RNG draws next after step 3
     run.position = {"i": 5}  # a step cut short drew two more micro-batches
-    policy.interrupted()
+    policy.interrupted(KeyboardInterrupt())
     assert "interrupted at step 3; last saved: step 3" in capsys.readouterr().out
     state = load_training_state(out / "last")
     assert state["step"] == 3 and state["position"] == {"i": 3}

@@ -134,7 +134,9 @@ def _load_ensemble(args: argparse.Namespace) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- train
-@command("train", "Train a model from a recipe (TOML), with section.key=value overrides.")
+@command("train", "Train a model from a recipe (TOML), with section.key=value overrides. Ctrl-C, SIGTERM, SIGHUP "
+                  "and SIGUSR1 save the last whole step to train.out_dir/last and print the command that continues "
+                  "the run (exit status 128 + the signal's number).")
 def _train(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe file, e.g. recipes/multi30k-en-de.toml")
     p.add_argument("overrides", nargs="*", help="overrides such as train.max_steps=200 model.d_model=256")
@@ -154,10 +156,14 @@ def _train(p: argparse.ArgumentParser) -> None:
             return 0
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
+        from aiayn.program import RESUME_COMMAND_VAR, command
         from aiayn.train.distributed import launch
 
-        # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS)
-        launch(args.nproc, ["train", args.recipe, *args.overrides, *(["--resume"] if args.resume else [])])
+        # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS), and the
+        # command that resumes the run as the user would type it
+        again = command("train", args.recipe, *args.overrides, "--nproc", str(args.nproc), "--resume")
+        launch(args.nproc, ["train", args.recipe, *args.overrides, *(["--resume"] if args.resume else [])],
+               env={RESUME_COMMAND_VAR: again})
         return 0
 
     p.set_defaults(run=run)

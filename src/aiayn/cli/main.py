@@ -93,11 +93,36 @@ def _command_parser(parser: argparse.ArgumentParser, name: str | None) -> argpar
     return parser
 
 
+#: the address space torch and aiayn need before any model is loaded (imported, they map about 0.7 GiB; below
+#: 1 GiB of ``ulimit -v`` torch aborts while loading or its first operations fail)
+MIN_ADDRESS_SPACE = 1 << 30
+
+
+def address_space_problem(limit: int | None = None) -> str | None:
+    """Why this process cannot run a command: an address-space limit (``ulimit -v``; ``limit`` bytes, None: this
+    process's own) below :data:`MIN_ADDRESS_SPACE`; else None."""
+    try:
+        import resource
+    except ImportError:  # not a Unix system
+        return None
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY or limit >= MIN_ADDRESS_SPACE:
+        return None
+    return (f"this process may use {limit >> 20} MiB of address space (ulimit -v {limit >> 10}), and torch needs "
+            f"about {MIN_ADDRESS_SPACE >> 20} MiB before any model is loaded; raise the limit (ulimit -v "
+            f"{2 * MIN_ADDRESS_SPACE >> 10}, or unlimited) and leave room for the model's weights on top")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse arguments, run the subcommand, turn user errors into a message and exit code 2."""
     if (sys.argv[1:] if argv is None else list(argv)) == ["--version"]:  # at once, without loading torch
         print(f"aiayn {_version()}")
         return 0
+    problem = address_space_problem()
+    if problem is not None:  # torch itself would abort while loading, in C++, with no word of why
+        print(f"aiayn: error: {problem}", file=sys.stderr)
+        return 2
     from aiayn import accel, threads
 
     start = threads.sample()  # other processes' CPU use is measured from here to the command's start
@@ -120,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     except AiaynError as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"aiayn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal the trainer handled (aiayn.train.stop_signals)
+        from aiayn.program import RESUME_COMMAND_VAR
+        from aiayn.train.stop_signals import Stopped, exit_code
+
+        if not os.environ.get(RESUME_COMMAND_VAR):  # a rank of `aiayn train --nproc`, whose launcher says it
+            print(f"aiayn {args.command}: " + (f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"),
+                  file=sys.stderr)
+        return exit_code(e)
     except BrokenPipeError:
         return 0
     finally:  # a caller that runs main() in its own process keeps its setting

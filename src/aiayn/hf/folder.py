@@ -18,6 +18,7 @@ files one by one, the others left as they are.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,14 @@ def _read_one(file: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises pickle, zip and runtime errors of many kinds
-        raise AiaynError(f"{file}: cannot read the weights ({type(e).__name__}: {str(e).strip()[:200]}); the file "
-                         "is corrupt, incomplete, or holds more than tensors: download it again") from None
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if named:  # torch's refusal of a pickled object, in seven lines of its own
+            raise AiaynError(f"{file}: holds objects other than tensors (it names {named.group(1)}); refused for "
+                             "safety, since loading it could run code: use the model's model.safetensors, or a "
+                             "weights file that holds only tensors") from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise AiaynError(f"{file}: cannot read the weights ({type(e).__name__}: {first}); the file is corrupt or "
+                         "incomplete: download it again") from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise AiaynError(f"{file}: expected a dict of tensors; it is not a transformers weights file")
     return state

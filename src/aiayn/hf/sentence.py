@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
+from aiayn.files import parse_json
 from aiayn.hf.folder import read_json
 
 MODULES = "modules.json"
@@ -94,7 +95,7 @@ def read_entries(folder: Path, task: str, fields: dict[str, Any], meta: dict[str
     if task != "embedding" or not file.is_file():
         return meta
     try:
-        modules = json.loads(file.read_text(encoding="utf-8"))
+        modules = parse_json(file.read_bytes())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise AiaynError(f"{file}: cannot read it as JSON ({e}); the file is corrupt: download it again") from None
     if not isinstance(modules, list) or not modules or _kind(modules[0]) != "Transformer":

@@ -18,10 +18,13 @@ import secrets
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+import aiayn
 
 
 @dataclass(frozen=True)
@@ -316,13 +319,27 @@ def _raised(outcome: Outcome) -> str:
 
 
 def _learner_line(e: BaseException) -> str:
-    """``file:line`` of the last frame of the traceback outside aiayn and torch: the learner's line that raised."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "/aiayn/" not in f.filename.replace("\\", "/") and "/torch/" not in f.filename.replace("\\", "/")]
+    """``file:line`` of the last frame of the traceback outside aiayn and torch: the learner's line that raised.
+
+    aiayn's and torch's frames are told by the packages' real folders, so a learner's file under any folder that
+    happens to be named ``aiayn`` (a clone of this repository, say) keeps its line."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not _in_packages(f.filename)]
     if not frames:
         return ""
     f = frames[-1]
     return f"{f.filename}:{f.lineno}: {f.line}" if f.line else f"{f.filename}:{f.lineno}"
+
+
+_PACKAGES = tuple(Path(m.__file__).resolve().parent for m in (aiayn, torch))
+
+
+def _in_packages(filename: str) -> bool:
+    """Whether a traceback's file lies inside the installed aiayn or torch package."""
+    try:
+        path = Path(filename).resolve()
+    except (OSError, ValueError):  # "<string>", a name the OS cannot resolve
+        return False
+    return any(path.is_relative_to(p) for p in _PACKAGES)
 
 
 def _cloned(x: Any) -> Any:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.errors import AiaynError
-from aiayn.files import atomic_write_text
+from aiayn.files import atomic_write_text, parse_json
 from aiayn.learn.lessons import LESSONS, Lesson
 
 ENV_VAR = "AIAYN_LEARN_HOME"
@@ -54,7 +54,7 @@ def load_progress(path: Path | None = None) -> Progress:
     if not path.exists():
         return Progress()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_bytes())
         exercises, lessons = data.get("exercises", {}), data.get("lessons", {})
         if not (isinstance(exercises, dict) and isinstance(lessons, dict)
                 and all(isinstance(v, str) for v in [*exercises.values(), *lessons.values()])):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,9 +12,11 @@ import torch
 
 from aiayn.errors import AiaynError
 from aiayn.output_folder import check_run_folder
+from aiayn.program import RESUME_COMMAND_VAR, command
 from aiayn.tasks import recipe_checks  # noqa: F401 - registers every task's recipe checks
 from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
+from aiayn.train.stop_signals import Stopped, stop_signals
 from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
 
 
@@ -71,28 +72,40 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: 
     if not resume:
         check_run_folder(cfg.out_dir)  # before any work: a folder of the user's is never written into
     ranks = init_from_env(pick_device(cfg.device).type)  # a rank of a torchrun / --nproc run, or one process
-    finished = False
+    together = False  # the ranks leave the process group together (a run that ended, or stopped after one step)
     try:
-        if ranks.main:
-            print(f"{path}: reading the data, preparing the tokenizer and the {recipe['task']} model",
-                  file=sys.stderr, flush=True)
-        task = build_task(recipe, cfg, resume, ranks.local_rank)
-        result = train(task, cfg, resume=resume, recipe=recipe)
-        finished = True
-    except KeyboardInterrupt:
+        with stop_signals(deferred=ranks.world > 1):  # a stop signal while the data is read ends the command too
+            if ranks.main:
+                print(f"{path}: reading the data, preparing the tokenizer and the {recipe['task']} model",
+                      file=sys.stderr, flush=True)
+            task = build_task(recipe, cfg, resume, ranks.local_rank)
+            result = train(task, cfg, resume=resume, recipe=recipe)
+        together = True
+    except KeyboardInterrupt as e:
+        together = isinstance(e, Stopped) and ranks.world > 1
         if ranks.main and (Path(cfg.out_dir) / "last").is_dir():  # a checkpoint to continue from
-            again = shlex.join(["aiayn", "train", str(path), *(overrides or []), "--resume"])
+            again = os.environ.get(RESUME_COMMAND_VAR) or command("train", str(path), *(overrides or []), "--resume")
             print(f"continue with: {again}", file=sys.stderr)
         raise
     finally:
         if ranks.world > 1:
-            finish(finished)
+            finish(together)
     if not ranks.main:
         return result
-    best = "no validation score" if result.best_metric is None else f"best val_{task.select_metric} " \
-        f"{result.best_metric:.4g}"
-    print(f"trained {result.steps} steps in {result.trained_seconds / 60:.1f} min ({(time.time() - started) / 60:.1f} "
-          f"min with start-up and the last validation and save); {best}; "
-          f"checkpoints: {result.best_dir}, {result.last_dir}"
-          + (f", {result.averaged_dir}" if result.averaged_dir else ""))
+    print(_summary(result, task.select_metric, time.time() - started), flush=True)
     return result
+
+
+def _summary(result: TrainResult, metric: str, wall_seconds: float) -> str:
+    """The run's last line: the steps and time of this process and, for a resumed run, of the whole run."""
+    best = "no validation score" if result.best_metric is None else f"best val_{metric} {result.best_metric:.4g}"
+    mine = result.trained_seconds - result.elapsed_before  # this process's steps, validations and saves
+    if result.first_step:  # a resumed run
+        trained = (f"trained steps {result.first_step + 1}-{result.steps} in {mine / 60:.1f} min "
+                   f"({wall_seconds / 60:.1f} min with start-up and the last validation and save; "
+                   f"{result.steps} steps and {result.trained_seconds / 60:.1f} min of training in the whole run)")
+    else:
+        trained = (f"trained {result.steps} steps in {mine / 60:.1f} min ({wall_seconds / 60:.1f} min with start-up "
+                   "and the last validation and save)")
+    where = ", ".join(d for d in (result.best_dir, result.last_dir, result.averaged_dir) if d)
+    return f"{trained}; {best}; checkpoints: {where}"

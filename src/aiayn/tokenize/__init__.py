@@ -26,7 +26,9 @@ from aiayn.tokenize.base import (
     UNK,
     UNK_ID,
     Tokenizer,
+    checkpoint_tokenizer,
     load_tokenizer,
+    parse_tokenizer,
 )
 from aiayn.tokenize.bpe import BPETokenizer
 from aiayn.tokenize.char import CharTokenizer
@@ -102,7 +104,9 @@ __all__ = [
     "PretrainedTokenizer",
     "Tokenizer",
     "WordTokenizer",
+    "checkpoint_tokenizer",
     "load_tokenizer",
+    "parse_tokenizer",
     "train_tokenizer",
     "training_options",
 ]

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiayn.checkpoint_layout import recovered_file
+from aiayn.checkpoint_layout import CheckpointRead, recovered_file
 from aiayn.errors import AiaynError, where
-from aiayn.files import atomic_write_text
+from aiayn.files import BadJSON, atomic_write_text, parse_json
 
 PAD = "<pad>"
 BOS = "<s>"
@@ -220,18 +220,45 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not path.is_file():  # a file of a checkpoint whose save was cut short: the previous copy, <dir>.old
         path = recovered_file(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise AiaynError(
-            f"{path}: no such tokenizer file; check the path, or train and save a tokenizer first"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
+        raise _no_tokenizer(path) from None
+    except OSError as e:
+        raise AiaynError(f"{path}: cannot read the tokenizer file ({e}); check the path") from None
+    return parse_tokenizer(data, path)
+
+
+def checkpoint_tokenizer(ck: CheckpointRead, name: str) -> Tokenizer:
+    """The tokenizer file ``name`` of a checkpoint pinned for one load, checked against its manifest.
+
+    Raises:
+        AiaynError: as :func:`load_tokenizer`, or the file differs from the checkpoint's manifest.
+    """
+    data = ck.read_bytes(name)
+    if data is None:
+        raise _no_tokenizer(ck.file(name))
+    return parse_tokenizer(data, ck.file(name))
+
+
+def _no_tokenizer(path: Path) -> AiaynError:
+    return AiaynError(f"{path}: no such tokenizer file; check the path, or train and save a tokenizer first")
+
+
+def parse_tokenizer(data: bytes | str, path: str | Path) -> Tokenizer:
+    """The tokenizer that the JSON text ``data`` of the file ``path`` (named in errors) describes.
+
+    Raises:
+        AiaynError: not UTF-8, not valid JSON (nested too deeply included), or no known ``"kind"``.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as e:
         raise AiaynError(f"{path}: cannot read the tokenizer file ({e}); check the path") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
+        data = parse_json(text)
+    except BadJSON as e:
         raise AiaynError(
-            f"{where(path, e.lineno)}: the tokenizer file is not valid JSON ({e.msg}); "
+            f"{where(path, e.line)}: the tokenizer file is not valid JSON ({e.detail}); "
             "it is corrupt or not a tokenizer file: train and save the tokenizer again"
         ) from None
     kind = data.get("kind") if isinstance(data, dict) else None

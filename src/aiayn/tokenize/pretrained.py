@@ -55,6 +55,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
 from aiayn.errors import AiaynError, where
+from aiayn.files import BadJSON, parse_json
 from aiayn.tokenize.base import Tokenizer, require_keys
 
 #: The special-token roles a transformers tokenizer names, in its order (``bos_token``, ``eos_token``, ...).
@@ -332,9 +333,9 @@ def read_json_object(path: Path, fix: str = "download it again, or save the toke
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise AiaynError(f"{where(path, e.lineno)}: not valid JSON ({e.msg}); the file is corrupt: {fix}") from None
+        data = parse_json(path.read_text(encoding="utf-8"))
+    except BadJSON as e:
+        raise AiaynError(f"{where(path, e.line)}: not valid JSON ({e.detail}); the file is corrupt: {fix}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise AiaynError(f"{path}: cannot read the file ({e}); check its permissions and encoding") from None
     if not isinstance(data, dict):
@@ -422,7 +423,8 @@ def _convert_with_transformers(folder: Path) -> tuple[HFTokenizer, dict[str, str
         raise AiaynError(f"{missing}: no such file, and converting the folder's other vocabulary files needs the "
                          f"transformers package (not installed); {fix}") from None
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        # never code from the folder, and no prompt on stdin asking whether to run it (some versions ask)
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         hf = HFTokenizer.from_str(tok.backend_tokenizer.to_str())
     except Exception as e:  # transformers raises many kinds (OSError, ValueError, ImportError, ...)
         raise AiaynError(f"{missing}: no such file, and transformers could not build a fast tokenizer from the "

@@ -22,7 +22,9 @@ last. Then an existing ``<name>`` is renamed to ``<name>.old``, the new director
 ``<name>``, the parent fsynced, and ``<name>.old`` renamed to ``.<name>.trash-<host>-<pid>-<random>``
 before it is deleted, so a half-deleted folder never sits under a name a reader looks at. At every
 instant ``<name>`` is complete, or it is missing and ``<name>.old`` is complete; :func:`checkpoint_dir`
-finds whichever it is, and every reader (tokenizers included) goes through it. An error after
+finds whichever it is. A load reads through :class:`~aiayn.checkpoint_layout.CheckpointRead`, which pins that
+directory, its manifest and its files at once, so that a save replacing the checkpoint meanwhile cannot mix two
+saves' files in one load (tokenizers included). An error after
 ``<name>`` was moved aside moves it back. Temporary and trash folders left by a killed save are deleted
 by a later save once their process is gone (same host: the pid no longer exists; another host: older
 than a day), never while it runs. Every ``OSError`` of a save becomes one :class:`AiaynError` naming

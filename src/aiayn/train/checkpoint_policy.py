@@ -13,9 +13,11 @@ In ``train.out_dir``:
 - ``averaged/``: at the end, the mean of the last ``train.average_last`` periodic checkpoints, evaluated and
   logged (``avg_*``), with a note where it is worse than ``best/``.
 
-An interrupt (Ctrl-C) of a single-process run first saves its last whole step to ``last/``, with the data position
-and RNG state as they were after that step, so that ``--resume`` continues as if nothing had happened; a second
-interrupt skips the save, and a save cut short leaves ``last/`` as it was.
+An interrupt (Ctrl-C, or SIGTERM, SIGHUP, SIGUSR1: :mod:`aiayn.train.stop_signals`) of a single-process run first
+saves its last whole step to ``last/``, with the data position and RNG state as they were after that step, so that
+``--resume`` continues as if nothing had happened; a second Ctrl-C skips the save, and a save cut short leaves
+``last/`` as it was. The ranks of a data-parallel run learn of a stop signal after the same step
+(:meth:`CheckpointPolicy.save_for_stop`) and save that step together.
 
 Rank 0 evaluates and writes; the gathers before a save (every rank's RNG state, FSDP's whole weights) are
 collectives that every rank makes at the same steps. Reading ``last/`` back is :mod:`aiayn.train.restore`.
@@ -48,6 +50,7 @@ from aiayn.train.parallel import Parallel
 from aiayn.train.precision import Precision
 from aiayn.train.progress import TrainingProgress
 from aiayn.train.resume import SHARDED_FORMAT
+from aiayn.train.stop_signals import Stopped, signal_name
 from aiayn.train.train_config import TrainConfig
 
 
@@ -152,20 +155,35 @@ class CheckpointPolicy:
         with par.alone(), par.evaluating(self.task):
             return self._average()
 
-    def interrupted(self) -> None:
-        """On an interrupt: a single-process run saves its last whole step unless ``last/`` holds it; rank 0 says
-        what was saved."""
+    def interrupted(self, error: KeyboardInterrupt) -> None:
+        """On an interrupt or a stop signal: a single-process run saves its last whole step unless ``last/`` holds
+        it; rank 0 says what was saved."""
         run, ranks = self.run, self.parallel.ranks
         if ranks.world == 1 and run.step > 0 and self.saved_step != run.step:  # save the last whole step, resumable
             run.position = run.done["position"]
             restore_rng(run.done["rng"])
-            tqdm.write(f"saving step {run.step} to {self.last} before stopping (interrupt again to skip)")
+            tqdm.write(f"saving step {run.step} to {self.last} before stopping (Ctrl-C again to skip)")
             with contextlib.suppress(KeyboardInterrupt):  # a save cut short is rolled back: last/ stays as it was
                 self.save(self.last, with_state=True)
         if ranks.main:
             saved = (f"last saved: step {self.saved_step} in {self.last}" if self.saved_step is not None
                      else "nothing saved")
-            tqdm.write(f"interrupted at step {run.step}; {saved}")
+            what = f"stopped by {signal_name(error.signum)}" if isinstance(error, Stopped) else "interrupted"
+            tqdm.write(f"{what} at step {run.step}; {saved}")
+
+    def save_for_stop(self, signum: int) -> None:
+        """A stop signal every rank learned of after step ``run.step`` (a data-parallel run): every rank takes part
+        in saving that step to ``last/``, unless ``last/`` holds it already."""
+        par, run = self.parallel, self.run
+        if self.saved_step == run.step:  # the same on every rank
+            return
+        if par.ranks.main:
+            tqdm.write(f"{signal_name(signum)}: saving step {run.step} to {self.last} before stopping")
+        self.rng_by_rank = par.gather_rng()
+        par.refresh_weights()
+        with par.alone():
+            self.save(self.last, with_state=True)
+        par.ranks.barrier()
 
     def validate(self, step: int) -> None:
         """Evaluate (rank 0, ``task.model`` being the weights to score), log the metrics, and write ``best/`` when
@@ -189,6 +207,8 @@ class CheckpointPolicy:
         if not ranks.main:
             if sharded:
                 save_sharded(path, par.model, self.optimizer, ranks.rank, None)
+            if with_state:  # every rank knows the step of last/
+                self.saved_step = self.run.step
             return
         state = self._training_state(sharded) if with_state else None
         notes = getattr(self.task, "metric_notes", None)  # how validation scores were computed (BLEU's signature)

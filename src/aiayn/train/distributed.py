@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import signal
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from torch import nn
 from aiayn.errors import AiaynError
 
 TIMEOUT = datetime.timedelta(hours=3)  # a rank waits this long for rank 0's evaluations and checkpoints
+SHUTDOWN_SECONDS = 120  # after a stop signal the launcher waits this long for the ranks' last step and save
 
 
 @dataclass(frozen=True)
@@ -125,33 +127,49 @@ def init_from_env(device_type: str) -> Ranks:
     return Ranks.current()
 
 
-def launch(nproc: int, argv: list[str]) -> None:
+def launch(nproc: int, argv: list[str], env: dict[str, str] | None = None) -> None:
     """Run ``python -m aiayn *argv`` on ``nproc`` processes of this machine with ``torch.distributed.run``
     (torchrun's ``--standalone`` rendezvous), and wait for them.
 
     Each process gets ``OMP_NUM_THREADS`` (this process's thread count, unless set; the trainer shares it out
-    among the ranks of a machine). A failure in any rank stops the others and raises :class:`AiaynError`.
+    among the ranks of a machine) and the variables ``env``. A failure in any rank stops the others and raises
+    :class:`AiaynError`. SIGINT, SIGTERM, SIGHUP (unless ignored, as under ``nohup``) and SIGUSR1 are passed on to
+    the ranks, which save their last step together (:mod:`aiayn.train.stop_signals`); the launcher waits
+    :data:`SHUTDOWN_SECONDS` for them, then raises :class:`~aiayn.train.stop_signals.Stopped`. A rank that stops
+    for a signal sent to it alone stops the others after the same step, and the same is raised.
     """
     if nproc < 1:
         raise AiaynError(f"--nproc {nproc}: need at least 1 process")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = before or str(torch.get_num_threads())
+    from aiayn.train.stop_signals import STOP_SIGNALS, Stopped
+
+    nohup = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # hang-ups are then meant to be ignored
+    handled = [s.name for s in (*STOP_SIGNALS, signal.SIGQUIT) if not (nohup and s == signal.SIGHUP)]
+    variables = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(torch.get_num_threads()), **(env or {})}
+    before = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
     args = get_args_parser().parse_args(["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                                         "--module", "aiayn", *argv])
+                                         "--signals-to-handle", ",".join(handled),
+                                         "--shutdown-timeout", str(SHUTDOWN_SECONDS), "--module", "aiayn", *argv])
     try:
         run(args)
+    except SignalException as e:  # the ranks were sent the signal and have saved their last step
+        raise Stopped(e.sigval) from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode - 128 in STOP_SIGNALS:  # a rank was sent a stop signal; all of them saved and stopped
+            raise Stopped(failure.exitcode - 128) from None
         raise AiaynError(f"rank {rank} of {nproc} stopped with exit code {failure.exitcode} (its message is above); "
                          "the other ranks were stopped") from None
-    finally:  # this process's own setting is unchanged
-        if before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = before
+    finally:  # this process's own settings are unchanged
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def finish(finished: bool) -> None:

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from aiayn.errors import AiaynError, where
+from aiayn.files import BadJSON, parse_json
 
 FORMATS = (".jsonl", ".csv")
 
@@ -153,11 +154,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
+                obj = parse_json(line)
+            except BadJSON as e:
                 if i == len(lines) and not text.endswith("\n"):
                     break  # truncated by a crash mid-write
-                raise AiaynError(f"{where(p, i)}: not a JSON object ({e.msg}); fix or delete the line") from e
+                raise AiaynError(f"{where(p, i)}: not a JSON object ({e.detail}); fix or delete the line") from None
             if not isinstance(obj, dict):
                 raise AiaynError(f"{where(p, i)}: expected a JSON object per line")
             records.append(obj)

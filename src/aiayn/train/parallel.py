@@ -297,8 +297,9 @@ def wrap(task: Any, kind: str, ranks: Ranks, *, dtype: str = "float32", cpu_offl
 
         # an encoder's unused head (mlm_head in classification) and idle experts get no gradient in some steps
         unused = getattr(model.config, "arch", "") == "encoder" or getattr(model.config, "ffn", "") == "moe"
+        # buffers (position tables, masks) are built alike on every rank: synced once at the start, not every step
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                      broadcast_buffers=False, find_unused_parameters=unused)
+                                      forward_sync_buffers=False, find_unused_parameters=unused)
         return Parallel(ddp, kind, ranks, model, moe_weights)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -5,8 +5,8 @@ known, the bar's total is the step the run will actually reach: ``max_steps`` wh
 expected when the minutes run out (so tqdm's remaining-time estimate is the time left), and its label says which
 limit binds.
 
-On a terminal it is a tqdm bar; when standard error is a file or a pipe (a log), it prints a plain line every
-``LOG_EVERY_S`` seconds instead, so the log holds no carriage-return refreshes.
+On a terminal it is a tqdm bar; when standard error is a file or a pipe (a log), it prints a plain line after the
+first step and every ``LOG_EVERY_S`` seconds instead, so the log holds no carriage-return refreshes.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class TrainingProgress:
             self.bar.set_description_str(self.desc)
         self.bar.update(step - self.bar.n)
         now = time.time()
-        if self.log_lines and (now - self.logged_at >= LOG_EVERY_S or step == self.max_steps):
+        first = step == self.start_step + 1  # the first line as soon as the first step is done
+        if self.log_lines and (first or now - self.logged_at >= LOG_EVERY_S or step == self.max_steps):
             self.logged_at = now
             minutes = (self.elapsed_before + now - self.t0) / 60
             values = "".join(f", {k} {v}" for k, v in self.postfix.items())
@@ -77,7 +78,7 @@ class TrainingProgress:
     def set_postfix(self, **values: str) -> None:
         """Loss, learning rate and throughput after the bar."""
         self.postfix = values
-        self.bar.set_postfix(**values)
+        self.bar.set_postfix(ordered_dict=values)
 
     @contextlib.contextmanager
     def validating(self, step: int) -> Iterator[None]:

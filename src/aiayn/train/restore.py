@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from aiayn.checkpoint_layout import CheckpointRead
 from aiayn.errors import AiaynError
 from aiayn.train.checkpoint import STATE_FILE, load_config, load_model_state, load_training_state, recover_checkpoint
 from aiayn.train.checkpoint_policy import RunState
@@ -65,13 +66,14 @@ def read_last(task: Any, cfg: TrainConfig, ranks: Ranks, kind: str, config_json:
     if ranks.main:
         recover_checkpoint(last, say=tqdm.write)  # a save killed between its renames left last.old only
     ranks.barrier()
-    state = _resume_state(last, cfg)
-    model = task.model
-    probe = optimizer_for(model, cfg)  # an optimizer as this run builds it, for the checks and the conversion
-    validate_training_state(state, last / STATE_FILE, probe)
-    changes = check_same_run(last, load_config(last), config_json, state.get("recipe"), recipe_sections or None,
-                             state.get("train_config"), cfg.to_dict())
-    load_model_state(last, model)  # the full weights, before any sharding
+    with CheckpointRead(last) as ck:  # state, config and weights of one save
+        state = _resume_state(ck, cfg)
+        model = task.model
+        probe = optimizer_for(model, cfg)  # an optimizer as this run builds it, for the checks and the conversion
+        validate_training_state(state, last / STATE_FILE, probe)
+        changes = check_same_run(last, load_config(ck), config_json, state.get("recipe"), recipe_sections or None,
+                                 state.get("train_config"), cfg.to_dict())
+        load_model_state(ck, model)  # the full weights, before any sharding
     by_name = None
     if kind == "fsdp" and state.get("sharded") != SHARDED_FORMAT:  # a replicated run's optimizer, by name
         by_name = optimizer_state_by_name(model, probe, state["optimizer"])
@@ -167,9 +169,10 @@ def fresh_run(cfg: TrainConfig, ranks: Ranks) -> RunState:
     return RunState()
 
 
-def _resume_state(last: Path, cfg: TrainConfig) -> dict[str, Any]:
+def _resume_state(ck: CheckpointRead, cfg: TrainConfig) -> dict[str, Any]:
     """``last/``'s training state, refused when absent or when it was trained with another freeze list."""
-    state = load_training_state(last)
+    last = ck.path
+    state = load_training_state(ck)
     if state is None:
         raise AiaynError(f"{last}: no training state to resume from; train without --resume first")
     saved_train = state.get("train_config")

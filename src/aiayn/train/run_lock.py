@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from aiayn.errors import AiaynError
+from aiayn.files import parse_json
 from aiayn.train.disk import describe_os_error, error_path
 
 LOCK_FILE = ".lock"
@@ -97,7 +98,7 @@ def _pid_alive(pid: int, since: float) -> bool:
 
 def _parse(path: Path, text: str, mtime: float) -> LockOwner:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
         pid, host = int(data["pid"]), str(data["host"])
         started_unix = float(data.get("started_unix", mtime))
         info = dict(started=str(data.get("started", "")), command=str(data.get("command", "")),

@@ -29,6 +29,7 @@ from aiayn.train.optim import build_optimizer
 from aiayn.train.parallel import Parallel
 from aiayn.train.precision import Precision
 from aiayn.train.schedules import build_scheduler
+from aiayn.train.stop_signals import agreed
 from aiayn.train.train_config import TrainConfig
 
 
@@ -44,6 +45,8 @@ class StepRecord:
         grad_norm: the gradients' total 2-norm before clipping; None when it is not finite or was not computed.
         problem: why the update was skipped (a non-finite loss, router loss or gradient norm), else None.
         late: some rank found the run out of time (``train.max_minutes``) after this step's backward passes.
+        stop: the signal some rank received before this step's sums (a deferred stop,
+            :mod:`aiayn.train.stop_signals`), else None: every rank stops after this step.
     """
 
     loss: float
@@ -53,6 +56,7 @@ class StepRecord:
     grad_norm: float | None
     problem: str | None
     late: bool
+    stop: int | None = None
 
 
 def optimizer_for(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -100,17 +104,19 @@ class TrainStep:
         optimizer = optimizer_for(task.model, cfg)
         return cls(task, parallel, precision, cfg, optimizer, scheduler_for(optimizer, task.model, cfg))
 
-    def __call__(self, micro: list[Any], late: Callable[[], bool]) -> StepRecord:
+    def __call__(self, micro: list[Any], late: Callable[[], bool],
+                 stops: Callable[[], list[float]] = list) -> StepRecord:
         """One step over ``micro``, every micro-batch of the step (this rank computes every N-th of them).
 
-        ``late()`` is asked after the backward passes; its answer travels with the step's sums (one collective),
-        so that every rank stops after the same step.
+        ``late()`` and ``stops()`` (the stop signals received, :meth:`~aiayn.train.stop_signals.StopSignals.pending`)
+        are asked after the backward passes; their answers travel with the step's sums (one collective), so that
+        every rank stops after the same step.
         """
         par, precision = self.parallel, self.precision
         self.optimizer.zero_grad(set_to_none=True)
         total_targets = sum(self.task.count_targets(b) for b in micro)  # the divisor for every micro-batch
         loss, nll, moe = self._accumulate(micro[par.ranks.rank::par.ranks.world], total_targets)
-        loss, nll, moe, late_ranks = par.sum_over_ranks([loss, nll, moe, float(late())])
+        loss, nll, moe, late_ranks, *signals = par.sum_over_ranks([loss, nll, moe, float(late()), *stops()])
         grad_norm = None
         problem = None if math.isfinite(loss) else f"non-finite loss ({loss})"
         if problem is None and not math.isfinite(moe):
@@ -127,7 +133,8 @@ class TrainStep:
         else:
             precision.step(self.optimizer)
             self.scheduler.step()
-        return StepRecord(loss, nll, moe, total_targets, grad_norm, problem, late_ranks > 0)
+        return StepRecord(loss, nll, moe, total_targets, grad_norm, problem, late_ranks > 0,
+                          agreed(signals) if signals else None)
 
     def _accumulate(self, mine: list[Any], total_targets: int) -> tuple[float, float, float]:
         """Forward and backward passes of this rank's micro-batches: (summed loss, summed nll, summed router loss)."""

@@ -40,7 +40,7 @@ from aiayn import accel
 from aiayn.errors import AiaynError
 from aiayn.nn.moe import moe_load_stats
 from aiayn.output_folder import check_run_files, check_run_folder
-from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, threads_option
+from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, rule_for_this_run, threads_option
 from aiayn.train.checkpoint import STATE_FILE
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
 from aiayn.train.checkpoint_policy import report_average as _report_average  # noqa: F401 - its name here
@@ -53,6 +53,7 @@ from aiayn.train.progress import TrainingProgress
 from aiayn.train.restore import check_fresh_start, fresh_run, read_last, restore_run, resumed_stream
 from aiayn.train.run_lock import RunLock
 from aiayn.train.step import StepRecord, TrainStep
+from aiayn.train.stop_signals import Stopped, StopSignals, stop_signals
 from aiayn.train.train_config import TrainConfig
 
 METRICS_FILE, CURVE_FILE = "metrics.jsonl", "learning_curve.png"  # beside the checkpoints in train.out_dir
@@ -106,6 +107,8 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     averaged_dir: str | None = None  # averaged/, where train.average_last made one
     trained_seconds: float = 0.0  # steps, validations and saves up to the last step: what train.max_minutes counts
+    first_step: int = 0  # the step this process started from (a resumed run's checkpoint), 0 for a new run
+    elapsed_before: float = 0.0  # trained_seconds of the processes before this one (a resumed run)
 
 
 def train(task: Task, cfg: TrainConfig, *, resume: bool = False,
@@ -124,26 +127,38 @@ def train(task: Task, cfg: TrainConfig, *, resume: bool = False,
 
     Rank 0 holds ``out_dir``'s lock (:class:`~aiayn.train.run_lock.RunLock`) for the whole run: a second run into
     the same folder is refused, naming this one.
+
+    SIGINT, SIGTERM, SIGHUP and SIGUSR1 stop the run as Ctrl-C does: the last whole step is saved to ``last/`` and
+    :class:`~aiayn.train.stop_signals.Stopped` (a ``KeyboardInterrupt``) is raised; the ranks of a data-parallel run
+    stop after the same step and save it together.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C, or :class:`~aiayn.train.stop_signals.Stopped` for a stop signal.
+        AiaynError: a refused folder, recipe or checkpoint, or a diverged run.
     """
     ranks = Ranks.current()
-    lock = RunLock(cfg.out_dir, say=tqdm.write) if ranks.main else None
-    refusal = None
-    if lock is not None:
-        try:
-            lock.acquire()
-        except AiaynError as e:
-            refusal = str(e)
-    refusal = ranks.all_gather(refusal)[0] if ranks.world > 1 else refusal  # every rank stops, not only rank 0
-    if refusal is not None:
-        raise AiaynError(refusal)
-    try:
-        return _train(task, cfg, resume, recipe, ranks)
-    finally:
+    # SIGTERM, SIGHUP, SIGUSR1 and Ctrl-C save the last whole step (aiayn.train.stop_signals); a program that chose
+    # no thread count gets the command's choice for the run (aiayn.threads)
+    with stop_signals(deferred=ranks.world > 1) as signals, rule_for_this_run(cfg.threads):
+        lock = RunLock(cfg.out_dir, say=tqdm.write) if ranks.main else None
+        refusal = None
         if lock is not None:
-            lock.release()
+            try:
+                lock.acquire()
+            except AiaynError as e:
+                refusal = str(e)
+        refusal = ranks.all_gather(refusal)[0] if ranks.world > 1 else refusal  # every rank stops, not only rank 0
+        if refusal is not None:
+            raise AiaynError(refusal)
+        try:
+            return _train(task, cfg, resume, recipe, ranks, signals)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
-def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | None, ranks: Ranks) -> TrainResult:
+def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | None, ranks: Ranks,
+           signals: StopSignals | None) -> TrainResult:
     """:func:`train` once ``out_dir`` is locked: build the parts, run the loop of steps, finish the run."""
     model = task.model
     on_cpu = next(model.parameters()).device.type == "cpu"
@@ -164,7 +179,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     log = _open_log(out, ranks, resume, run.step)
     policy = CheckpointPolicy(task, cfg, par, step.optimizer, step.scheduler, precision, run, log,
                               config_json=config_json, recipe_sections=recipe_sections, resumed=resume)
-    run.started = time.time()
+    run.started, first_step = time.time(), run.step
     stream = task.batches(run.position)
     if resumed is not None:
         stream = resumed_stream(stream, resumed.last / STATE_FILE)
@@ -175,31 +190,36 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     governor = ThreadGovernor(model, enabled=on_cpu and not cfg.threads and ranks.local_world == 1, say=tqdm.write)
     stop = cfg.max_minutes is not None and run.elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
     run.mark_done()
+    stops = signals.pending if signals is not None and signals.deferred else list  # the ranks' stop signals
     try:
         while run.step < cfg.max_steps and not stop:
             micro = _draw(stream, cfg.accum * ranks.world, run)
-            record = step(micro, late=lambda: _out_of_time(cfg, run))
+            record = step(micro, late=lambda: _out_of_time(cfg, run), stops=stops)
             stop = record.late
             if record.problem is not None:
                 _skipped(record, run, cfg, policy)
-                continue
-            run.step, run.in_a_row = run.step + 1, 0
-            run.mark_done()
-            governor.after_step(record.targets)
-            window.add(record)
-            bar.update(run.step)
-            if ranks.main and (run.step % cfg.log_every == 0 or run.step == cfg.max_steps):
-                window.log(record, run, step, par, log, bar)
-            policy.after_step(bar)
-    except KeyboardInterrupt:
+            else:
+                run.step, run.in_a_row = run.step + 1, 0
+                run.mark_done()
+                governor.after_step(record.targets)
+                window.add(record)
+                bar.update(run.step)
+                if ranks.main and (run.step % cfg.log_every == 0 or run.step == cfg.max_steps):
+                    window.log(record, run, step, par, log, bar)
+                policy.after_step(bar)
+            if record.stop is not None:  # every rank received or learned of a stop signal with this step's sums
+                bar.close()
+                policy.save_for_stop(record.stop)
+                raise Stopped(record.stop)
+    except KeyboardInterrupt as e:
         bar.close()
-        policy.interrupted()
+        policy.interrupted(e)
         raise
     except AiaynError:
         bar.close()
         raise
     bar.close()
-    return _finish(cfg, par, policy, run, log)
+    return _finish(cfg, par, policy, run, log, first_step)
 
 
 def _prepare(model: nn.Module, cfg: TrainConfig, ranks: Ranks, on_cpu: bool) -> None:
@@ -296,12 +316,15 @@ class _Window:
         if run.skipped:
             row["nonfinite_skipped"] = run.skipped
         log.log(row)
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", lr=f"{row['lr']:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+        smoothing = step.cfg.label_smoothing  # val_loss has none: the nll is the number to set beside it
+        loss, nll = f"{row['train_loss']:.3f}", f"{row['train_nll']:.3f}"
+        losses = {f"loss (label smoothing {smoothing:g})": loss, "nll": nll} if smoothing else {"loss": loss}
+        bar.set_postfix(**losses, lr=f"{row['lr']:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
         self._start(now)
 
 
 def _finish(cfg: TrainConfig, par: Parallel, policy: CheckpointPolicy, run: RunState,
-            log: MetricsLogger | None) -> TrainResult:
+            log: MetricsLogger | None, first_step: int) -> TrainResult:
     """The end of the run: say what stopped it early, the checkpoint policy's last saves, the learning curve."""
     ranks, out = par.ranks, policy.out
     trained_seconds = run.elapsed()  # what train.max_minutes counts
@@ -320,7 +343,8 @@ def _finish(cfg: TrainConfig, par: Parallel, policy: CheckpointPolicy, run: RunS
         _plot(history, out)
     best = run.best
     return TrainResult(run.step, None if best is None else best["value"], str(out / "best") if best else None,
-                       str(out / "last"), run.elapsed(), history, averaged_dir, trained_seconds)
+                       str(out / "last"), run.elapsed(), history, averaged_dir, trained_seconds, first_step,
+                       run.elapsed_before)
 
 
 def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_step: int | None) -> str:
