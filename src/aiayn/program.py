@@ -14,7 +14,10 @@ RESUME_COMMAND_VAR = "AIAYN_RESUME_COMMAND"
 
 def program() -> str:
     """The command that runs aiayn as the user typed it: ``aiayn`` when that name on PATH is this program, else its
-    path as given (``.venv/bin/aiayn``), ``python -m aiayn`` for the module, and ``aiayn`` inside another program."""
+    path as given (``.venv/bin/aiayn``), ``python -m aiayn`` for the module, ``torchrun ... -m aiayn`` for a rank
+    that torchrun started (with torchrun's own options to repeat), and ``aiayn`` inside another program."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:  # a rank started by torchrun, whose options it does not see
+        return "torchrun ... -m aiayn"
     arg0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
     path = Path(arg0)
     if path.name == "aiayn":
