@@ -249,8 +249,8 @@ def check_resume(*, steps: int = 12) -> CheckResult:
     """A tiny copy-task training run of ``steps`` steps on the CPU, against the same run interrupted after its
     checkpoint at ``steps // 2`` and resumed from it. On the CPU every kernel is deterministic, so the two must be
     bit-identical (CUDA's atomic adds would blur that; saving and resuming do not depend on the device)."""
+    from aiayn.checkpoint import load_training_state, read_state_dict
     from aiayn.demos.copy_task import CopyTask
-    from aiayn.train.checkpoint import load_training_state, read_state_dict
     from aiayn.train.trainer import TrainConfig, train
 
     class StoppingTask(CopyTask):

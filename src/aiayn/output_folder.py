@@ -5,7 +5,7 @@ already its own kind of aiayn output, recognised by the manifest aiayn wrote the
 as ``config.json``):
 
 - an aiayn checkpoint (``aiayn convert --from-hf``, ``aiayn average``, a sharded export) by its ``manifest.json``
-  (:mod:`aiayn.checkpoint_layout`: ``format_version`` and the size and SHA-256 of every file);
+  (:mod:`aiayn.checkpoint.layout`: ``format_version`` and the size and SHA-256 of every file);
 - a transformers folder (``aiayn convert --to-hf``) or the pictures of ``aiayn inspect --png`` by
   ``aiayn-output.json``: the kind of output and the size and SHA-256 of every file aiayn wrote.
 
@@ -42,7 +42,7 @@ from aiayn.files import SIDE_FOLDER, fsync_dir, parse_json, sha256_of, side_name
 CHECKPOINT = "aiayn checkpoint"
 TRANSFORMERS = "transformers folder"
 PICTURES = "pictures folder"
-CHECKPOINT_MANIFEST = "manifest.json"  # aiayn.checkpoint_layout.MANIFEST_FILE
+CHECKPOINT_MANIFEST = "manifest.json"  # aiayn.checkpoint.layout.MANIFEST_FILE
 MARKER = "aiayn-output.json"  # the manifest of every other kind of output
 MARKER_VERSION = 1
 

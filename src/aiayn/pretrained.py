@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from aiayn.accel import accelerate, quantize_int8
-from aiayn.checkpoint_layout import CheckpointRead
+from aiayn.checkpoint import MODEL_FILE, load_config, load_model_state
+from aiayn.checkpoint.layout import CheckpointRead
+from aiayn.checkpoint.load import check_memory, memory_errors_said
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.stats import size_problem
 from aiayn.tokenize import Tokenizer, checkpoint_tokenizer
-from aiayn.train.checkpoint import MODEL_FILE, load_config, load_model_state
-from aiayn.train.checkpoint_load import check_memory, memory_errors_said
 
 
 class Tokenizers(dict):
@@ -137,7 +137,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     (:func:`aiayn.accel.accelerate`; ``accel="none"`` keeps the reference modules, default ``$AIAYN_ACCEL`` or
     "auto").
 
-    Every file is read from one save (:class:`~aiayn.checkpoint_layout.CheckpointRead`), also while a training run
+    Every file is read from one save (:class:`~aiayn.checkpoint.layout.CheckpointRead`), also while a training run
     saves the checkpoint again.
 
     Raises:

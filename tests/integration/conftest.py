@@ -40,8 +40,8 @@ def inspect_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
     import torch
 
     from aiayn import ModelConfig, build_model
+    from aiayn.checkpoint import save_checkpoint
     from aiayn.tokenize import WordTokenizer
-    from aiayn.train.checkpoint import save_checkpoint
 
     tok = WordTokenizer.train(INSPECT_TEXT)
     root = tmp_path_factory.mktemp("inspect")

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import read_state_dict
 from aiayn.cli.main import main
 from aiayn.errors import AiaynError
 from aiayn.evaluate.run import evaluate_classifier
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.classification import ClassificationTask
 from aiayn.tasks.registry import run_recipe
-from aiayn.train.checkpoint import read_state_dict
 from aiayn.train.recipe import load_recipe
 
 GOOD = "great lovely superb moving funny brilliant".split()

@@ -17,11 +17,11 @@ import pytest
 import torch
 from test_translation import _recipe
 
+from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.cli.main import main
 from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
-from aiayn.train.checkpoint import load_training_state, read_state_dict
 from aiayn.train.dcp_checkpoint import export_sharded, has_sharded
 from aiayn.train.metrics_log import read_metrics
 

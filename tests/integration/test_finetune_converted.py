@@ -24,16 +24,16 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
+from aiayn.checkpoint import read_state_dict  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.hf import from_hf  # noqa: E402
+from aiayn.models.losses import IGNORE_INDEX  # noqa: E402
 from aiayn.pretrained import load_pretrained  # noqa: E402
 from aiayn.tasks.classification import ClassificationTask  # noqa: E402
 from aiayn.tasks.lm import LMTask  # noqa: E402
 from aiayn.tasks.registry import run_recipe  # noqa: E402
 from aiayn.tasks.translation import TranslationTask  # noqa: E402
-from aiayn.train.checkpoint import read_state_dict  # noqa: E402
-from aiayn.train.losses import IGNORE_INDEX  # noqa: E402
 from aiayn.train.recipe import load_recipe, validate_recipe  # noqa: E402
 
 D, H, FF, MAX = 32, 4, 48, 64
@@ -257,7 +257,7 @@ def test_translation_from_converted_bart(tmp_path: Path, converted: dict[str, Pa
     batch, _ = next(task.batches(None))
     assert (batch["tgt_in"][:, 0] == tok.decoder_start_id).all() and tok.decoder_start_id == 2  # BART starts at </s>
     assert (batch["src"] == 1).any()  # padded with BART's pad id
-    # sources framed <s> ... </s> in training as in decoding (translation.source_ids), as BART was trained
+    # sources framed <s> ... </s> in training as in decoding (generate.translate.source_ids), as BART was trained
     assert all(ids[0] == tok.bos_id and ids[-1] == tok.eos_id for ids in task.train_ids[0])
     pre = load_pretrained(checkpoint)
     with torch.no_grad():

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from aiayn.checkpoint import read_state_dict
 from aiayn.cli.main import main
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.image_classification import evaluate_images, predict_proba
 from aiayn.tasks.registry import run_recipe
-from aiayn.train.checkpoint import read_state_dict
 from aiayn.train.recipe import load_recipe, recipe_problems
 
 mpimg = pytest.importorskip("matplotlib.image")
@@ -110,7 +110,7 @@ def test_a_folder_of_images_trains_and_its_checkpoint_classifies_files(bars: Pat
     assert main(["classify", "--checkpoint", str(bars_checkpoint), "-i", str(listing)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 5 and out[3] == ""
-    from aiayn.tasks.image_classification import image_input
+    from aiayn.data.images import image_input
 
     images = torch.stack([image_input(pre, f) for f in [*files[:3], files[-1]]])
     probs = predict_proba(pre.model, images)

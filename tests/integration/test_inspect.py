@@ -150,10 +150,10 @@ def test_pictures_draw_the_records_numbers_at_their_size(records, tmp_path: Path
 
 def test_position_bias_pictures_show_each_head(inspect_checkpoints, tmp_path: Path) -> None:
     from aiayn import ModelConfig, build_model
+    from aiayn.checkpoint import save_checkpoint
     from aiayn.inspect.pictures import figures
     from aiayn.nn.positions import alibi_slopes
     from aiayn.tokenize import WordTokenizer
-    from aiayn.train.checkpoint import save_checkpoint
 
     tok = WordTokenizer.train([TEXTS["lm"]])
     config = ModelConfig(arch="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,

@@ -135,8 +135,8 @@ def test_a_short_input_labels_every_token() -> None:
 def char_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random char-level language model with 8 heads that reads :data:`PROMPT`."""
     from aiayn import ModelConfig, build_model
+    from aiayn.checkpoint import save_checkpoint
     from aiayn.tokenize import CharTokenizer
-    from aiayn.train.checkpoint import save_checkpoint
 
     tok = CharTokenizer.train([PROMPT])
     config = ModelConfig(arch="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=8, n_layers=2, d_ff=64,

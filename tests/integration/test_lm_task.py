@@ -14,6 +14,7 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.data.packing import pack_documents
+from aiayn.devices import pick_device
 from aiayn.errors import AiaynError
 from aiayn.evaluate.run import evaluate_lm
 from aiayn.pretrained import load_pretrained
@@ -21,7 +22,7 @@ from aiayn.tasks.lm import TextCodec, generate_text
 from aiayn.tasks.registry import build_task, run_recipe, train_config
 from aiayn.tokenize import train_tokenizer
 from aiayn.train.recipe import load_recipe
-from aiayn.train.trainer import pick_device, train
+from aiayn.train.trainer import train
 
 WORDS = "the king and queen of a fair land walk to sea by night with their old dog".split()
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_config, load_training_state
 from aiayn.cli.main import main
 from aiayn.data.download import MULTI30K_SHA256, download_multi30k
 from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
 from aiayn.tasks.registry import run_recipe
 from aiayn.tasks.translation import TranslationTask
-from aiayn.train.checkpoint import load_config, load_training_state
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.recipe import load_recipe
 

@@ -35,13 +35,13 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from tokenizers import models, pre_tokenizers, trainers  # noqa: E402
 
 from aiayn.accel import compile_decoding  # noqa: E402
+from aiayn.checkpoint import save_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.generate.lm import generate  # noqa: E402
 from aiayn.generate.steppers import LMStepper, eval_mode  # noqa: E402
 from aiayn.hf import from_hf, to_hf  # noqa: E402
 from aiayn.pretrained import load_pretrained  # noqa: E402
 from aiayn.tokenize import CharTokenizer  # noqa: E402
-from aiayn.train.checkpoint import save_checkpoint  # noqa: E402
 
 ATOL = 1e-5
 D, H, KV, FF, L, MAX = 32, 4, 2, 48, 2, 64

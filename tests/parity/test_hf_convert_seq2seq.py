@@ -534,7 +534,7 @@ def test_older_layouts_convert_alike(cases: dict[str, Case], tmp_path: Path) -> 
     then ties it) convert to the same aiayn weights as the folders transformers writes today."""
     import shutil
 
-    from aiayn.train.checkpoint import read_state_dict
+    from aiayn.checkpoint import read_state_dict
 
     def variant(family: str, change: Any) -> dict[str, Tensor]:
         folder = tmp_path / family

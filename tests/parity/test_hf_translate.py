@@ -30,10 +30,13 @@ transformers = pytest.importorskip("transformers")
 from test_hf_convert_seq2seq import TEXT, _hf_load, _save, _write  # noqa: E402
 
 from aiayn.cli.main import main  # noqa: E402
-from aiayn.generate.translate import max_output_length, translate  # noqa: E402
+from aiayn.generate.translate import (  # noqa: E402
+    max_output_length,
+    source_ids,  # noqa: E402
+    translate,
+)
 from aiayn.hf import from_hf  # noqa: E402
 from aiayn.pretrained import Pretrained, load_pretrained  # noqa: E402
-from aiayn.tasks.translation import source_ids  # noqa: E402
 
 FAMILIES = ("t5-padded", "bart-forced-bos", "marian")
 TEXTS = [*TEXT[:7], "", "a", TEXT[0] + " " + TEXT[2]]

@@ -31,12 +31,12 @@ import safetensors.torch
 import torch
 
 from aiayn import ModelConfig, build_model
-from aiayn.checkpoint_layout import ALIASES_KEY
+from aiayn.checkpoint import read_state_dict, save_checkpoint
+from aiayn.checkpoint.layout import ALIASES_KEY
 from aiayn.cli.main import main
 from aiayn.errors import AiaynError
 from aiayn.output_folder import CHECKPOINT, MARKER, TRANSFORMERS, check_output_folder
 from aiayn.tokenize import CharTokenizer, PretrainedTokenizer
-from aiayn.train.checkpoint import read_state_dict, save_checkpoint
 
 DEEP = "[" * 200_000 + "]" * 200_000
 DEEP_INSIDE = '{"kind": "bpe", "model": ' + DEEP + "}"  # the nesting inside a file's usual object

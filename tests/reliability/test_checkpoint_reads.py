@@ -1,7 +1,7 @@
 """Reading a checkpoint while training saves it again and again: every read gets one whole save.
 
 A writer process saves ``last/`` of a tiny language model in a loop with the project's own
-:func:`~aiayn.train.checkpoint.save_checkpoint` (a new version each time: every weight, the config's ``version`` and
+:func:`~aiayn.checkpoint.save_checkpoint` (a new version each time: every weight, the config's ``version`` and
 the training state's ``step`` equal it), and this process reads it 100 times through the public loading paths
 (:func:`aiayn.pretrained.load_pretrained`, which ``aiayn generate`` uses, and ``read_state_dict`` + ``load_config`` +
 ``load_training_state``). Every read must succeed and hold one version in all its files: never "checksum mismatch",
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint_layout import CheckpointRead
+from aiayn.checkpoint import load_config, load_training_state, read_state_dict, save_checkpoint
+from aiayn.checkpoint.layout import CheckpointRead
 from aiayn.errors import AiaynError
 from aiayn.pretrained import load_pretrained
-from aiayn.train.checkpoint import load_config, load_training_state, read_state_dict, save_checkpoint
 
 READS = 100
 COUNTS: Counter = Counter()
@@ -35,7 +35,7 @@ import torch
 torch.set_num_threads(1)
 from aiayn import ModelConfig, build_model
 from aiayn.tokenize import CharTokenizer
-from aiayn.train.checkpoint import save_checkpoint
+from aiayn.checkpoint import save_checkpoint
 
 target, stop = Path(sys.argv[1]), Path(sys.argv[2])
 tok = CharTokenizer.train(["abcdefgh ijk"])

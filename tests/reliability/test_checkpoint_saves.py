@@ -26,9 +26,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from aiayn.errors import AiaynError
-from aiayn.tokenize import load_tokenizer, train_tokenizer
-from aiayn.train.checkpoint import (
+from aiayn.checkpoint import (
     CONFIG_FILE,
     MANIFEST_FILE,
     MODEL_FILE,
@@ -38,9 +36,11 @@ from aiayn.train.checkpoint import (
     load_model_state,
     load_training_state,
     read_state_dict,
-    recover_checkpoint,
     save_checkpoint,
 )
+from aiayn.errors import AiaynError
+from aiayn.tokenize import load_tokenizer, train_tokenizer
+from aiayn.train.restore import recover_checkpoint
 from aiayn.train.run_lock import LOCK_FILE, RunLock, owner
 
 TOKENIZER = "tokenizer.json"
@@ -156,7 +156,7 @@ _SAVER = r"""
 import os, sys, time
 import torch
 torch.set_num_threads(1)
-from aiayn.train.checkpoint import save_checkpoint
+from aiayn.checkpoint import save_checkpoint
 
 target, tok = sys.argv[1], sys.argv[2]
 rename = os.rename
@@ -525,7 +525,7 @@ def test_leftovers_of_a_dead_process_are_swept_those_of_a_live_one_kept(tmp_path
     live = subprocess.Popen(["sleep", "30"])
     dead = _dead_pid()
     try:
-        from aiayn.train.disk import HOST
+        from aiayn.files import HOST
 
         day_old = time.time() - 2 * 24 * 3600
         names = {

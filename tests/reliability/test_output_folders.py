@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from aiayn import ModelConfig, build_model
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.errors import AiaynError
 from aiayn.output_folder import (
@@ -39,7 +40,6 @@ from aiayn.output_folder import (
     staging_folder,
 )
 from aiayn.tokenize import CharTokenizer
-from aiayn.train.checkpoint import save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer as HFTokenizer  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_training_runs import _run, _said
 
-from aiayn.train.checkpoint import load_training_state, read_state_dict
+from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, stop_signals
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import STATE_FILE, load_training_state, read_state_dict
 from aiayn.errors import AiaynError
 from aiayn.tasks.registry import build_task, train_config
-from aiayn.train.checkpoint import STATE_FILE, load_training_state, read_state_dict
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.progress import TrainingProgress
 from aiayn.train.recipe import load_recipe

@@ -45,7 +45,7 @@ def test_acceleration_off_skips_the_comparison(capsys: pytest.CaptureFixture[str
 
 
 def test_a_checkpoint_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from aiayn.train.checkpoint import save_checkpoint
+    from aiayn.checkpoint import save_checkpoint
 
     config = ModelConfig.preset("tiny", arch="decoder", vocab_size=64)
     torch.manual_seed(0)

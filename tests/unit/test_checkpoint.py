@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.errors import AiaynError
-from aiayn.train.checkpoint import (
+from aiayn.checkpoint import (
     CONFIG_FILE,
     MANIFEST_FILE,
     MODEL_FILE,
@@ -30,11 +29,12 @@ from aiayn.train.checkpoint import (
     load_model_state,
     load_training_state,
     read_state_dict,
-    recover_checkpoint,
     recovered_file,
     restore_rng,
     save_checkpoint,
 )
+from aiayn.errors import AiaynError
+from aiayn.train.restore import recover_checkpoint
 from aiayn.train.schedules import build_scheduler
 
 
@@ -268,8 +268,8 @@ def test_average_of_two_is_the_mean(tmp_path: Path) -> None:
 
 
 def test_write_average_and_the_average_command(tmp_path: Path, capsys) -> None:
+    from aiayn.checkpoint import periodic_checkpoints, write_average
     from aiayn.cli.main import main
-    from aiayn.train.checkpoint import periodic_checkpoints, write_average
 
     run = tmp_path / "run"
     models = {step: _trained(seed)[0] for seed, step in enumerate((200, 1000, 400))}
@@ -361,7 +361,7 @@ def test_an_averaged_checkpoint_worse_than_best_is_reported(mode: str, avg: floa
     short run averaging its first checkpoints), says so and what to use instead."""
     from types import SimpleNamespace
 
-    from aiayn.train.trainer import _report_average
+    from aiayn.train.checkpoint_policy import report_average as _report_average
 
     task = SimpleNamespace(select_metric="loss" if mode == "min" else "bleu", select_mode=mode)
     best = {"value": 3.01 if mode == "min" else 22.99, "step": 879}
@@ -496,7 +496,7 @@ def test_leftover_old_copies_never_block_a_save_but_a_users_folder_does(tmp_path
 
 
 def test_periodic_and_keep_last_see_through_interrupted_saves(tmp_path: Path) -> None:
-    from aiayn.train.checkpoint import periodic_checkpoints
+    from aiayn.checkpoint import periodic_checkpoints
 
     m = Tiny()
     for step in (100, 200, 300):

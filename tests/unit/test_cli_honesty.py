@@ -11,13 +11,13 @@ import tomllib
 import torch
 
 import aiayn
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.classification import name_labels
 from aiayn.tokenize import CharTokenizer, WordTokenizer
-from aiayn.train.checkpoint import save_checkpoint
 
 WORDS = "the a cat dog sees runs big small house tree".split()
 MAX_LEN = 16

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from aiayn import ModelConfig, build_model
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.errors import AiaynError
 from aiayn.tokenize import CharTokenizer, WordTokenizer
-from aiayn.train.checkpoint import save_checkpoint
 
 TEXT = ["the small dog runs .", "a red bird sings over the house .", "the cat sleeps near the river ,"]
 

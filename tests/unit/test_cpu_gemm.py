@@ -33,7 +33,7 @@ from aiayn.accel.cpu.packed import MIN_ONEDNN_MACS, MIN_ONEDNN_MACS_FEW_ROWS, Pa
 from aiayn.accel.cpu.quantize import quantize_int8
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import generate, translate
-from aiayn.train.losses import label_smoothed_nll
+from aiayn.models.losses import label_smoothed_nll
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 

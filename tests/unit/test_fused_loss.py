@@ -8,7 +8,7 @@ import torch
 from aiayn.accel.cpu import fused_loss, native
 from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
 from aiayn.accel.cpu.settings import SETTINGS
-from aiayn.train.losses import IGNORE_INDEX, label_smoothed_nll
+from aiayn.models.losses import IGNORE_INDEX, label_smoothed_nll
 
 
 def _inputs(n: int = 37, d: int = 16, v: int = 29, seed: int = 0):

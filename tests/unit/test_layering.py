@@ -26,8 +26,10 @@ APPLICATIONS = ("aiayn.cli.", "aiayn.demos.", "aiayn.check")
 #: it only through the entry point ``aiayn.accel`` at :data:`CALL_SITES` (checked by the accelerator tests below).
 LADDER: tuple[tuple[str, ...], ...] = (
     # the standard library (and torch) only
-    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation", "aiayn.program", "aiayn.local_server"),
-    ("aiayn.config", "aiayn.output_folder", "aiayn.checkpoint_layout"),
+    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation", "aiayn.program", "aiayn.local_server",
+     "aiayn.devices"),
+    ("aiayn.config", "aiayn.output_folder"),
+    ("aiayn.checkpoint",),  # the checkpoint folder: layout, atomic save, verified and pinned load, RNG state
     ("aiayn.nn",),
     ("aiayn.models",),
     ("aiayn.accel",),  # kernels for the core's seams: it imports nn and models only
@@ -226,3 +228,27 @@ def test_the_rule_catches_a_planted_import(planted: str) -> None:
     assert any(_is_accel(t) for t in imported)
     assert _imports_of("from . import masks\nfrom .cache import DecoderCache\n", "aiayn.nn.attention") >= {
         "aiayn.nn.masks", "aiayn.nn.cache"}
+
+
+#: loading a model and converting one: none of them reaches the trainer, not even through another package
+NO_TRAINER = ("aiayn.pretrained", "aiayn.hf", "aiayn.generate", "aiayn.evaluate", "aiayn.inspect", "aiayn.tokenize",
+              "aiayn.checkpoint")
+
+
+def _reachable(graph: dict[str, dict[str, list[str]]], start: str) -> dict[str, str]:
+    """Every node ``start`` imports, directly or through others -> one import that leads there."""
+    seen: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        node = todo.pop()
+        for target, why in graph.get(node, {}).items():
+            if target not in seen:
+                seen[target] = why[0]
+                todo.append(target)
+    return seen
+
+
+@pytest.mark.parametrize("node", NO_TRAINER)
+def test_loading_and_conversion_do_not_reach_into_the_trainer(node: str) -> None:
+    reached = _reachable(_package_graph(_all_modules()), node)
+    assert "aiayn.train" not in reached, f"{node} reaches aiayn.train ({reached.get('aiayn.train')})"

@@ -8,8 +8,8 @@ from torch import nn
 
 from aiayn import ModelConfig, build_model
 from aiayn.accel.cpu.layout import column_major_linears, is_column_major
+from aiayn.checkpoint import load_model_state, save_checkpoint
 from aiayn.generate import generate, translate
-from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
 
 def _model(arch: str, **kw: object) -> nn.Module:

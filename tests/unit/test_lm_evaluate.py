@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.config import ModelConfig
 from aiayn.evaluate.lm import sliding_window_nll, window_plan
 from aiayn.evaluate.run import evaluate_lm
 from aiayn.models.build import build_model
 from aiayn.pretrained import load_pretrained
 from aiayn.tokenize import CharTokenizer
-from aiayn.train.checkpoint import save_checkpoint
 
 CONTEXT = 16
 

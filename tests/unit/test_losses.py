@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.train.losses import count_targets, label_smoothed_nll
+from aiayn.models.losses import count_targets, label_smoothed_nll
 
 
 def _labels(shape: tuple[int, ...], vocab: int, gen: torch.Generator) -> torch.Tensor:

@@ -16,9 +16,9 @@ from aiayn.accel.cpu.layout import column_major_linears, is_column_major
 from aiayn.accel.cpu.packed import PackedLinear, onednn_available, unpack_output_layers
 from aiayn.accel.cpu.packed import pack_output_layers as pack_wide_only
 from aiayn.accel.cpu.quantize import quantize_int8
+from aiayn.checkpoint import load_model_state, save_checkpoint
 from aiayn.generate import generate, translate
 from aiayn.models.heads import LMHead
-from aiayn.train.checkpoint import load_model_state, save_checkpoint
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 

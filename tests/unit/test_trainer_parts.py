@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
-from aiayn.train.checkpoint import load_training_state, read_state_dict
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
 from aiayn.train.distributed import Ranks
 from aiayn.train.metrics_log import MetricsLogger, read_metrics

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import read_state_dict
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.tasks.registry import run_recipe
-from aiayn.train.checkpoint import read_state_dict
 from aiayn.train.metrics_log import read_metrics
 from aiayn.train.parallel import checkpoint_activations, compile_problem, prepare_model
 

@@ -100,9 +100,9 @@ def _add_ensemble_checkpoint_arg(p: argparse.ArgumentParser) -> None:
 def _load(args: argparse.Namespace, directory: str | None = None):
     """Load ``--checkpoint`` (or ``directory``) on ``--device`` (``auto`` means the CPU with ``--int8``),
     int8-quantized or cast to ``--dtype`` if asked."""
+    from aiayn.devices import pick_device
     from aiayn.pretrained import load_pretrained
     from aiayn.threads import announce_threads
-    from aiayn.train.trainer import pick_device
 
     device = "cpu" if args.int8 and args.device == "auto" else device_name(args.device)
     loaded = load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype)
@@ -212,14 +212,14 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
     checkpoint's [decode] defaults.
 
     A blank line becomes an empty string without a model call. Lines longer than the model's ``max_len`` (counting
-    a pretrained vocabulary's framing tokens, :func:`~aiayn.tasks.translation.source_ids`) follow
+    a pretrained vocabulary's framing tokens, :func:`~aiayn.generate.translate.source_ids`) follow
     ``--on-long`` (warnings and errors name ``source:line``), and lines more than 10% of whose tokens are unknown to
     the tokenizer are warned about.
     """
     from aiayn.errors import where
     from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
-    from aiayn.generate.translate import max_output_length, source_limit
-    from aiayn.tasks.translation import source_ids, translate_texts
+    from aiayn.generate.translate import max_output_length, source_ids, source_limit
+    from aiayn.tasks.translation import translate_texts
 
     pre = loaded[0]
     if pre.meta.get("lowercase"):
@@ -259,7 +259,7 @@ def _decode_settings(saved: dict, args: argparse.Namespace, vocab_size: int, n_b
     Raises:
         AiaynError: naming the option, or ``config.json``'s key, and the fix.
     """
-    from aiayn.tasks.translation import DECODE_DEFAULTS
+    from aiayn.generate.translate import DECODE_DEFAULTS
     from aiayn.train.recipe import section_problems
 
     if not isinstance(saved, dict):
@@ -433,8 +433,8 @@ def _average(p: argparse.ArgumentParser) -> None:
                         "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
+        from aiayn.checkpoint import periodic_checkpoints, write_average
         from aiayn.pretrained import refuse_run_folder
-        from aiayn.train.checkpoint import periodic_checkpoints, write_average
 
         if bool(args.run_dir) == bool(args.checkpoints):
             raise AiaynError("give either checkpoint directories or --run DIR (with --last N), not both or neither")
@@ -498,8 +498,8 @@ def _check(p: argparse.ArgumentParser) -> None:
 
         from aiayn.check import format_report, kernels_in_use, run_checks
         from aiayn.config import ModelConfig
+        from aiayn.devices import pick_device
         from aiayn.models.build import build_model
-        from aiayn.train.trainer import pick_device
 
         device = pick_device(device_name(args.device))
         if args.checkpoint:

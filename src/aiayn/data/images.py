@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -239,3 +240,19 @@ def first_image_shape(root: str | Path) -> tuple[int, int]:
     x = read_image(files[0])
     grey = x.shape[0] == 1 or bool((x[0] == x[1]).all() and (x[1] == x[2]).all())
     return (1 if grey else 3), int(x.shape[1])
+
+
+def image_input(pre: Any, path: str | Path, line: str | None = None) -> torch.Tensor:
+    """One image file as the checkpoint's model reads it: (C, S, S) in [0, 1] (:mod:`aiayn.data.images`).
+
+    Raises:
+        AiaynError: a file that is not an image the model can read, named (after ``line``, the input line that
+            gave its path, when given).
+    """
+    c = pre.config
+    try:
+        return fit_image(read_image(path), c.channels, c.image_size, str(path))
+    except AiaynError as e:
+        if line is None:
+            raise
+        raise AiaynError(f"{line}: {e}") from None

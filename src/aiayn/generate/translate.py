@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,8 +21,11 @@ from aiayn.generate.ensemble import EnsembleStepper
 from aiayn.generate.sampling import decode_loop, greedy_choice
 from aiayn.generate.steppers import Seq2SeqStepper, Stepper, eval_mode
 from aiayn.models.seq2seq import EncoderDecoderModel
+from aiayn.tokenize import Tokenizer
 
 Models = EncoderDecoderModel | Sequence[EncoderDecoderModel]
+#: a recipe's [decode] section, and a checkpoint's decoding settings, where they name nothing
+DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 
 
 def seq2seq_models(model: object) -> list[EncoderDecoderModel]:
@@ -242,3 +246,28 @@ def greedy_translate(
     for row, n, lp in zip(tokens.tolist(), lengths.tolist(), logprob.tolist()):
         out.append(Hypothesis(tokens=row[:n], score=lp / length_penalty(n + 1, alpha), logprob=lp))
     return out
+
+
+def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]:
+    """A source sentence's ids as the model reads them, at most ``limit`` of them (None: all).
+
+    A pretrained vocabulary frames the text as its model was trained on (:meth:`PretrainedTokenizer.encode_with_special
+    <aiayn.tokenize.pretrained.PretrainedTokenizer.encode_with_special>`: T5 and Marian ``... </s>``, BART ``<s> ...
+    </s>``, as transformers' tokenizer does); a longer source keeps that framing and loses its last text tokens (as
+    transformers' truncation does). The built-in tokenizers' sources carry no BOS or EOS (as in training: only the
+    target is framed), so their sources are the plain ``encode`` cut to ``limit``.
+    """
+    from aiayn.tokenize.pretrained import PretrainedTokenizer
+
+    if not isinstance(tok, PretrainedTokenizer):
+        ids = tok.encode(text)
+        return ids if limit is None else ids[:limit]
+    framed = tok.encode_with_special(text)
+    if limit is None or len(framed) <= limit:
+        return framed
+    raw = tok.encode(text)
+    extra = len(framed) - len(raw)  # the framing tokens
+    for p in range(extra + 1):
+        if framed[p:p + len(raw)] == raw:
+            return [*framed[:p], *raw[:max(0, limit - extra)], *framed[p + len(raw):]]
+    return framed[:limit]

@@ -122,10 +122,10 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
             ``out`` is the source (or inside it, or around it), or a folder of something else and ``overwrite`` is
             false.
     """
+    from aiayn.checkpoint import save_checkpoint
     from aiayn.hf.vocab import read_tokenizer
     from aiayn.models.build import build_model
     from aiayn.output_folder import CHECKPOINT, check_output_folder
-    from aiayn.train.checkpoint import save_checkpoint
 
     if not Path(path_or_name).exists():  # a Hub name: refuse a bad ``out`` before downloading
         check_output_folder(out, CHECKPOINT, overwrite=overwrite)
@@ -220,9 +220,9 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
             gives each family's reasons); ``out`` is the checkpoint (or inside it, or around it), or a folder of
             something else and ``overwrite`` is false.
     """
+    from aiayn.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
     from aiayn.output_folder import TRANSFORMERS, check_output_folder
     from aiayn.tokenize import load_tokenizer
-    from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
 
     d = checkpoint_dir(checkpoint)
     into = check_output_folder(out, TRANSFORMERS, overwrite=overwrite, sources=[checkpoint, d])

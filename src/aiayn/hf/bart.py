@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.generate.translate import DECODE_DEFAULTS
 from aiayn.hf.bert import activation_from_hf, activation_to_hf, number
 from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
-from aiayn.tasks.translation import DECODE_DEFAULTS
 
 #: the translation task's decoding defaults for a converted model (aiayn's: beam 4, GNMT alpha 0.6, input + 50)
 

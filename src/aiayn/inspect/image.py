@@ -42,8 +42,8 @@ def inspect_image(pre: Pretrained, image: str | Path | torch.Tensor, *, layers: 
     Raises:
         AiaynError: a checkpoint that does not read images, or an image it cannot read.
     """
+    from aiayn.data.images import image_input
     from aiayn.evaluate.predict import display_labels
-    from aiayn.tasks.image_classification import image_input
 
     c = pre.config
     if c.input != "patches":

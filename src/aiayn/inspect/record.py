@@ -231,8 +231,7 @@ def _device(model: nn.Module) -> torch.device:
 def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float | None, layers: list[int] | None,
                  digits: int | None) -> dict[str, Any]:
     from aiayn.generate import translate
-    from aiayn.generate.translate import source_limit
-    from aiayn.tasks.translation import DECODE_DEFAULTS, source_ids
+    from aiayn.generate.translate import DECODE_DEFAULTS, source_ids, source_limit
 
     src_tok, tgt_tok, model = pre.tokenizers["src"], pre.tokenizers["tgt"], pre.model
     decode = {**DECODE_DEFAULTS, **(pre.meta.get("decode") or {})}

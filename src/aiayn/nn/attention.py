@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.config import ATTENTION_BACKENDS
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.linear_attention import LinearAttnState, attend_linear, linear_attention_weights
 from aiayn.nn.norms import RMSNorm
 from aiayn.nn.positions import apply_rotary
-
-BACKENDS = ("auto", "reference", "sdpa", "tiled", "flex")
 
 #: (q, k, v, mask, bias, dropout_p, is_causal, scale) -> out: a fused attention kernel, see :func:`fused_attention`;
 #: k and v come with their Hkv heads (H a multiple of Hkv: the kernel serves grouped queries)
@@ -72,8 +71,8 @@ def scaled_dot_product_attention(
     Returns:
         out (B, H, T, Dh) and weights (B, H, T, S) or None.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose one of {ATTENTION_BACKENDS}")
     n_heads, t, s = q.shape[1], q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if return_weights or backend == "reference" or (softcap is not None and backend in ("auto", "sdpa")):

@@ -105,7 +105,7 @@ def frame(tok: Tokenizer, text: str, decoder: bool, limit: int | None = None) ->
     keeps the framing and loses its last text tokens (transformers' truncation). aiayn's own tokenizers frame an
     encoder's text as ``[BOS] ... [EOS]`` (masked-LM and classifier training) and a decoder's not at all.
     """
-    from aiayn.tasks.translation import source_ids
+    from aiayn.generate.translate import source_ids
     from aiayn.tokenize.pretrained import PretrainedTokenizer
 
     if isinstance(tok, PretrainedTokenizer):

@@ -47,7 +47,7 @@ def source_problems(recipe: dict[str, Any], task: str) -> tuple[Path | None, dic
         ``(directory, its config.json, problems)``: ``(None, None, [])`` when the recipe names none; each
         problem as ``[section] key=value: problem; fix``.
     """
-    from aiayn.train.checkpoint import checkpoint_dir, load_config
+    from aiayn.checkpoint import checkpoint_dir, load_config
 
     name = init_from_name(recipe)
     if name is None:

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import load_config
 from aiayn.config import ModelConfig
 from aiayn.data.images import (
     DIGITS,
     ImageData,
     first_image_shape,
+    image_input,
     load_digits,
     load_image_folder,
     random_shift,
@@ -33,7 +35,6 @@ from aiayn.models.losses import label_smoothed_nll
 from aiayn.tasks.classification import name_labels
 from aiayn.tasks.mlm import epoch_batches
 from aiayn.tasks.translation import build_model_config
-from aiayn.train.checkpoint import load_config
 from aiayn.train.recipe import resolve_path, take
 
 TASK = "image_classification"
@@ -209,24 +210,6 @@ class ImageClassificationTask:
 
 
 # ---------------------------------------------------------------------------------------------- inference
-def image_input(pre: Any, path: str | Path, line: str | None = None) -> torch.Tensor:
-    """One image file as the checkpoint's model reads it: (C, S, S) in [0, 1] (:mod:`aiayn.data.images`).
-
-    Raises:
-        AiaynError: a file that is not an image the model can read, named (after ``line``, the input line that
-            gave its path, when given).
-    """
-    from aiayn.data.images import fit_image, read_image
-
-    c = pre.config
-    try:
-        return fit_image(read_image(path), c.channels, c.image_size, str(path))
-    except AiaynError as e:
-        if line is None:
-            raise
-        raise AiaynError(f"{line}: {e}") from None
-
-
 def labelled_data(pre: Any, data: str) -> ImageData:
     """The labelled images ``aiayn evaluate --data`` names: ``sklearn-digits`` (the checkpoint's held-out split of
     the digits, as it was trained) or a folder of class-named subfolders."""

@@ -95,7 +95,7 @@ class LMTask:
         trained = self.tok_cfg["kind"] != "pretrained"  # a pretrained vocabulary encodes line breaks itself
         symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" and trained else None
         if resume_dir is not None or source is not None:
-            from aiayn.train.checkpoint import checkpoint_file, load_config
+            from aiayn.checkpoint import checkpoint_file, load_config
 
             directory = resume_dir if source is None else source[0]
             meta = load_config(directory)
@@ -125,7 +125,7 @@ class LMTask:
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
         if source is not None:
-            from aiayn.train.checkpoint import load_model_state
+            from aiayn.checkpoint import load_model_state
 
             load_model_state(source[0], self.model)
             announce(source[0], meta, {"eos": tok.eos_id, "pad": tok.pad_id, "bos": tok.bos_id})

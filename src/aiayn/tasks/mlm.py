@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
 from aiayn.config import ModelConfig
 from aiayn.data.batching import token_budget_batches
 from aiayn.data.classification import load_labeled_text
@@ -26,7 +27,6 @@ from aiayn.models.losses import IGNORE_INDEX, label_smoothed_nll
 from aiayn.tasks.finetune import init_from_name
 from aiayn.tasks.translation import build_model_config
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
-from aiayn.train.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {

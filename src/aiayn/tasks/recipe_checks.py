@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from aiayn.generate.translate import DECODE_DEFAULTS
 from aiayn.tasks import classification, image_classification, lm, mlm, translation
 from aiayn.tasks.finetune import source_problems
 from aiayn.tasks.vocabulary import pretrained_problems
@@ -61,7 +62,7 @@ _SHARED: dict[str, Any] = {"tokenizer_problems": pretrained_problems, "init_from
 
 register_task("translation", TaskChecks(
     "encoder-decoder", {"data": translation.DATA_DEFAULTS, "tokenizer": translation.TOKENIZER_DEFAULTS,
-                        "decode": translation.DECODE_DEFAULTS, "eval": translation.EVAL_DEFAULTS},
+                        "decode": DECODE_DEFAULTS, "eval": translation.EVAL_DEFAULTS},
     _translation_data, **_SHARED))
 register_task("lm", TaskChecks("decoder", {"data": lm.DATA_DEFAULTS, "tokenizer": lm.TOKENIZER_DEFAULTS},
                                _lm_data, **_SHARED))

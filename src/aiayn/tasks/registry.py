@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from aiayn.devices import pick_device
 from aiayn.errors import AiaynError
 from aiayn.output_folder import check_run_folder
 from aiayn.program import RESUME_COMMAND_VAR, command
@@ -17,7 +18,7 @@ from aiayn.tasks import recipe_checks  # noqa: F401 - registers every task's rec
 from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.stop_signals import Stopped, stop_signals
-from aiayn.train.trainer import TrainConfig, TrainResult, pick_device, train
+from aiayn.train.trainer import TrainConfig, TrainResult, train
 
 
 def train_config(recipe: dict[str, Any]) -> TrainConfig:

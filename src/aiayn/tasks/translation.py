@@ -15,6 +15,7 @@ from aiayn.data.batching import collate_seq2seq, token_budget_batches
 from aiayn.data.parallel import ParallelCorpus, filter_by_token_length, load_parallel
 from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
+from aiayn.generate.translate import DECODE_DEFAULTS, source_ids
 from aiayn.models.build import build_model
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.tokenize.bpe import BPETokenizer
@@ -29,7 +30,6 @@ DATA_DEFAULTS: dict[str, Any] = {
 }
 TOKENIZER_DEFAULTS: dict[str, Any] = {"kind": "bpe", "vocab_size": 8000, "joint": True, "min_frequency": 2,
                                       "split_punctuation": True, "dropout": 0.0, "path": None}
-DECODE_DEFAULTS: dict[str, Any] = {"beam": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50}
 EVAL_DEFAULTS: dict[str, Any] = {"bleu": True, "bleu_sentences": 500, "bleu_beam": 1}
 SRC_TOK, TGT_TOK, JOINT_TOK = "tokenizer.src.json", "tokenizer.tgt.json", "tokenizer.json"
 
@@ -139,7 +139,7 @@ class TranslationTask:
         if not joint:
             forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
         if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):
-            from aiayn.train.checkpoint import load_config
+            from aiayn.checkpoint import load_config
 
             directory = resume_dir if source is None else source[0]
             self.model_config = finetune_config(load_config(directory), recipe, str(directory))
@@ -148,7 +148,7 @@ class TranslationTask:
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
         if source is not None:
-            from aiayn.train.checkpoint import load_model_state
+            from aiayn.checkpoint import load_model_state
 
             load_model_state(source[0], self.model)
             t = self.tgt_tok
@@ -293,37 +293,12 @@ class TranslationTask:
 
 def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers saved in a translation checkpoint (the same object when joint)."""
-    from aiayn.train.checkpoint import checkpoint_file, load_config
+    from aiayn.checkpoint import checkpoint_file, load_config
 
     names = load_config(directory).get("tokenizers", {})
     src_name, tgt_name = names.get("src", JOINT_TOK), names.get("tgt", JOINT_TOK)
     src = load_tokenizer(checkpoint_file(directory, src_name))
     return src, (src if tgt_name == src_name else load_tokenizer(checkpoint_file(directory, tgt_name)))
-
-
-def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]:
-    """A source sentence's ids as the model reads them, at most ``limit`` of them (None: all).
-
-    A pretrained vocabulary frames the text as its model was trained on (:meth:`PretrainedTokenizer.encode_with_special
-    <aiayn.tokenize.pretrained.PretrainedTokenizer.encode_with_special>`: T5 and Marian ``... </s>``, BART ``<s> ...
-    </s>``, as transformers' tokenizer does); a longer source keeps that framing and loses its last text tokens (as
-    transformers' truncation does). The built-in tokenizers' sources carry no BOS or EOS (as in training: only the
-    target is framed), so their sources are the plain ``encode`` cut to ``limit``.
-    """
-    from aiayn.tokenize.pretrained import PretrainedTokenizer
-
-    if not isinstance(tok, PretrainedTokenizer):
-        ids = tok.encode(text)
-        return ids if limit is None else ids[:limit]
-    framed = tok.encode_with_special(text)
-    if limit is None or len(framed) <= limit:
-        return framed
-    raw = tok.encode(text)
-    extra = len(framed) - len(raw)  # the framing tokens
-    for p in range(extra + 1):
-        if framed[p:p + len(raw)] == raw:
-            return [*framed[:p], *raw[:max(0, limit - extra)], *framed[p + len(raw):]]
-    return framed[:limit]
 
 
 @torch.no_grad()

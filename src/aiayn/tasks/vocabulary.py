@@ -64,9 +64,9 @@ def pretrained_problems(section: dict[str, Any]) -> list[str]:
 def _checkpoint_tokenizer(path: Path) -> Tokenizer | None:
     """The tokenizer of an aiayn checkpoint folder (its ``text`` role, else its target's), or None for another
     folder."""
+    from aiayn.checkpoint import checkpoint_file
     from aiayn.tokenize import load_tokenizer
     from aiayn.tokenize.pretrained import read_json_object
-    from aiayn.train.checkpoint import checkpoint_file
 
     meta = read_json_object(path / "config.json") if path.is_dir() else None
     names = (meta or {}).get("tokenizers")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiayn.checkpoint_layout import CheckpointRead, recovered_file
+from aiayn.checkpoint.layout import CheckpointRead, recovered_file
 from aiayn.errors import AiaynError, where
 from aiayn.files import BadJSON, atomic_write_text, parse_json
 

@@ -41,7 +41,7 @@ themselves from the tokenizer (translation: ``decoder_start_id`` before the targ
 language modeling: ``eos_id`` between documents; masked LM and classification: ``bos_id`` and ``eos_id``
 around the text), exactly as they do with the built-in tokenizers; translating a text frames its source with
 :meth:`~PretrainedTokenizer.encode_with_special`, as the model was trained
-(:func:`aiayn.tasks.translation.source_ids`).
+(:func:`aiayn.generate.translate.source_ids`).
 """
 
 from __future__ import annotations

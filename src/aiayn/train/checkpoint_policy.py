@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from aiayn.train.checkpoint import (
+from aiayn.checkpoint import (
     capture_rng,
     keep_last,
     periodic_checkpoints,

@@ -1,6 +1,6 @@
 """The sharded part of a checkpoint: model and optimizer state through ``torch.distributed.checkpoint`` (DCP).
 
-A checkpoint of an FSDP run (``last/``) is an ordinary checkpoint directory (:mod:`aiayn.train.checkpoint`:
+A checkpoint of an FSDP run (``last/``) is an ordinary checkpoint directory (:mod:`aiayn.checkpoint`:
 ``config.json``, the full weights in ``model.safetensors`` gathered on rank 0, tokenizers, ``training_state.pt``
 without the optimizer) plus ``dcp/``: the model and optimizer state as DCP wrote them, one ``__<rank>_0.distcp``
 file per rank and a ``.metadata`` index, keyed by parameter name.
@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from aiayn.checkpoint_layout import OWN_FILES, verify
+from aiayn.checkpoint import CONFIG_FILE, checkpoint_dir, load_config, save_checkpoint
+from aiayn.checkpoint.layout import OWN_FILES, verify
 from aiayn.errors import AiaynError
-from aiayn.train.checkpoint import CONFIG_FILE, checkpoint_dir, load_config, save_checkpoint
 
 DCP_DIR = "dcp"
 
@@ -94,7 +94,7 @@ def save_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
         optimizer: this rank's optimizer.
         rank: this process's rank.
         save_files: on rank 0, ``save_files(shard_writer)`` writes the ordinary files with
-            :func:`~aiayn.train.checkpoint.save_checkpoint`, passing ``shard_writer`` on (None on the other ranks).
+            :func:`~aiayn.checkpoint.save_checkpoint`, passing ``shard_writer`` on (None on the other ranks).
 
     Raises:
         AiaynError: rank 0 could not save (on the other ranks: naming rank 0's failure).

@@ -40,12 +40,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from aiayn.checkpoint.rng_state import capture_rng
 from aiayn.errors import AiaynError
 from aiayn.nn.layers import TransformerLayer
 from aiayn.nn.moe import moe_loss
 from aiayn.train.dcp_checkpoint import full_model_state
 from aiayn.train.distributed import Ranks, all_sum
-from aiayn.train.rng_state import capture_rng
 from aiayn.train.train_config import PARALLELS, TrainConfig
 
 

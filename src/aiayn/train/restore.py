@@ -16,7 +16,8 @@ built the same tokenizers, gives FSDP's ranks rank 0's weights, and seeds each r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,17 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from aiayn.checkpoint_layout import CheckpointRead
+from aiayn.checkpoint import STATE_FILE, load_config, load_model_state, load_training_state
+from aiayn.checkpoint.disk import trash
+from aiayn.checkpoint.layout import CheckpointRead, checkpoint_dir, is_readable, old_path
 from aiayn.errors import AiaynError
-from aiayn.train.checkpoint import STATE_FILE, load_config, load_model_state, load_training_state, recover_checkpoint
+from aiayn.files import fsync_dir
 from aiayn.train.checkpoint_policy import RunState
 from aiayn.train.dcp_checkpoint import load_sharded, optimizer_state_by_name, set_full_optimizer_state
 from aiayn.train.distributed import Ranks, broadcast_parameters, check_same_files
 from aiayn.train.precision import Precision
 from aiayn.train.resume import SHARDED_FORMAT, check_same_run, restore_rank_rng, validate_training_state
+from aiayn.train.run_lock import owner
 from aiayn.train.step import optimizer_for
 from aiayn.train.train_config import TrainConfig
 
@@ -182,3 +186,37 @@ def _resume_state(ck: CheckpointRead, cfg: TrainConfig) -> dict[str, Any]:
                          f"{cfg.freeze!r}; the optimizer's state fits only the same trainable parameters: "
                          "resume with the original freeze list, or start a new run in another train.out_dir")
     return state
+
+
+def recover_checkpoint(path: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path:
+    """Repair a checkpoint left by an interrupted save and return the directory to read.
+
+    When ``path`` is missing or incomplete and ``<path>.old`` is complete, ``<path>.old`` is renamed back
+    to ``path`` (a broken ``path`` is deleted first) -- unless another live process holds the run lock of
+    ``path``'s parent folder (:mod:`aiayn.train.run_lock`) or the folder is read-only; then
+    ``<path>.old`` is only read from. Call it before resuming, while holding the run lock.
+
+    Args:
+        path: a checkpoint directory.
+        say: receives a one-line notice when something was renamed back.
+
+    Raises:
+        AiaynError: no checkpoint directory at ``path``.
+    """
+    target = Path(path)
+    old = old_path(target)
+    if is_readable(target) or not is_readable(old):
+        return checkpoint_dir(target)
+    holder = owner(target.parent)
+    if holder is not None and holder.alive is not False and not holder.is_this_process:
+        return old
+    try:
+        if target.is_dir():
+            trash(target, target)
+        os.rename(old, target)
+        fsync_dir(target.parent)
+    except OSError:
+        return checkpoint_dir(target)
+    if say is not None:
+        say(f"{target}: restored from {old.name}, left by a save that was cut short")
+    return target

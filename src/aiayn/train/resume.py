@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import FORMAT_VERSION, restore_rng
 from aiayn.errors import AiaynError
-from aiayn.train.checkpoint import FORMAT_VERSION, restore_rng
 from aiayn.train.distributed import Ranks
 
 #: ``training_state.pt``'s ``sharded`` entry when model and optimizer state are in ``dcp/`` (dcp_checkpoint.py)
@@ -34,7 +34,7 @@ def validate_training_state(state: Mapping[str, Any], file: Path, optimizer: tor
     """Raise one :class:`AiaynError` naming ``file`` and every problem of a loaded training state.
 
     Args:
-        state: what :func:`aiayn.train.checkpoint.load_training_state` returned.
+        state: what :func:`aiayn.checkpoint.load_training_state` returned.
         file: the ``training_state.pt`` it came from (for the message).
         optimizer: this run's optimizer, whose parameters the saved state must fit (a sharded run's optimizer
             state is in the checkpoint's ``dcp/`` folder, checked as it loads).

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from aiayn.checkpoint.disk import describe_os_error, error_path
 from aiayn.errors import AiaynError
 from aiayn.files import parse_json
-from aiayn.train.disk import describe_os_error, error_path
 
 LOCK_FILE = ".lock"
 _TAKEOVER = ".lock.takeover"  # held for the instant a stale lock is replaced

@@ -37,13 +37,12 @@ from torch import nn
 from tqdm import tqdm
 
 from aiayn import accel
+from aiayn.checkpoint import STATE_FILE
 from aiayn.errors import AiaynError
 from aiayn.nn.moe import moe_load_stats
 from aiayn.output_folder import check_run_files, check_run_folder
 from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, rule_for_this_run, threads_option
-from aiayn.train.checkpoint import STATE_FILE
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
-from aiayn.train.checkpoint_policy import report_average as _report_average  # noqa: F401 - its name here
 from aiayn.train.distributed import Ranks
 from aiayn.train.freeze import freeze_parameters
 from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
@@ -84,15 +83,6 @@ class Task(Protocol):
 
     select_metric: str
     select_mode: str  # "min" or "max"
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU. A CUDA device without an index becomes ``cuda:local_rank``, so
-    each rank of a data-parallel run on one machine gets its own GPU."""
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
-    return device
 
 
 @dataclass

@@ -225,7 +225,7 @@ def linear_label_smoothed_nll(
     """Summed label-smoothed cross-entropy of ``hidden @ weight.T`` without materializing all the logits.
 
     Same conventions and results as ``label_smoothed_nll(hidden @ weight.T, labels, epsilon, "sum",
-    ignore_vocab_id)`` (see :mod:`aiayn.train.losses`). Only the smoothed loss is differentiable; the returned
+    ignore_vocab_id)`` (see :mod:`aiayn.models.losses`). Only the smoothed loss is differentiable; the returned
     NLL is for logging and perplexity. Without gradients (evaluation) it simply calls the reference.
 
     Args:

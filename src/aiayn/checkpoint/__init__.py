@@ -22,7 +22,7 @@ last. Then an existing ``<name>`` is renamed to ``<name>.old``, the new director
 ``<name>``, the parent fsynced, and ``<name>.old`` renamed to ``.<name>.trash-<host>-<pid>-<random>``
 before it is deleted, so a half-deleted folder never sits under a name a reader looks at. At every
 instant ``<name>`` is complete, or it is missing and ``<name>.old`` is complete; :func:`checkpoint_dir`
-finds whichever it is. A load reads through :class:`~aiayn.checkpoint_layout.CheckpointRead`, which pins that
+finds whichever it is. A load reads through :class:`~aiayn.checkpoint.layout.CheckpointRead`, which pins that
 directory, its manifest and its files at once, so that a save replacing the checkpoint meanwhile cannot mix two
 saves' files in one load (tokenizers included). An error after
 ``<name>`` was moved aside moves it back. Temporary and trash folders left by a killed save are deleted
@@ -30,23 +30,24 @@ by a later save once their process is gone (same host: the pid no longer exists;
 than a day), never while it runs. Every ``OSError`` of a save becomes one :class:`AiaynError` naming
 the path and the cause in words.
 
-This module is the API; the code lives in:
+This package's ``__init__`` is the API; the code lives in:
 
-- :mod:`aiayn.train.checkpoint_save`: serializing and saving (:func:`save_checkpoint`).
-- :mod:`aiayn.train.checkpoint_load`: reading weights, config and training state back.
-- :mod:`aiayn.checkpoint_layout`: the file names, the manifest, completeness, where a cut-short save left the
+- :mod:`aiayn.checkpoint.save`: serializing and saving (:func:`save_checkpoint`).
+- :mod:`aiayn.checkpoint.load`: reading weights, config and training state back.
+- :mod:`aiayn.checkpoint.layout`: the file names, the manifest, completeness, where a cut-short save left the
   checkpoint (:func:`checkpoint_dir`, :func:`recovered_file`); below every package that reads checkpoints.
-- :mod:`aiayn.train.checkpoint_files`: writing a checkpoint with its manifest, the two renames of a save and the
-  recovery after one cut short (:func:`recover_checkpoint`).
-- :mod:`aiayn.train.checkpoint_sets`: averaging checkpoints, listing and pruning a run's checkpoints.
-- :mod:`aiayn.train.rng_state`: the RNG states a training state holds.
-- :mod:`aiayn.train.disk`: fsynced writes, hidden temporary and trash folders, sweeping the leftovers of
+- :mod:`aiayn.checkpoint.atomic`: writing a checkpoint with its manifest and the two renames of a save (a resumed
+  run's recovery after a save cut short is :func:`aiayn.train.restore.recover_checkpoint`, beside the run lock).
+- :mod:`aiayn.checkpoint.sets`: averaging checkpoints, listing and pruning a run's checkpoints.
+- :mod:`aiayn.checkpoint.rng_state`: the RNG states a training state holds.
+- :mod:`aiayn.checkpoint.disk`: fsynced writes, hidden temporary and trash folders, sweeping the leftovers of
   dead processes, ``OSError`` in words.
 """
 
 from __future__ import annotations
 
-from aiayn.checkpoint_layout import (
+from aiayn.checkpoint.disk import STALE_AFTER_S, describe_os_error
+from aiayn.checkpoint.layout import (
     ALIASES_KEY,
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -57,12 +58,10 @@ from aiayn.checkpoint_layout import (
     checkpoint_file,
     recovered_file,
 )
-from aiayn.train.checkpoint_files import recover_checkpoint
-from aiayn.train.checkpoint_load import load_config, load_model_state, load_training_state, read_state_dict
-from aiayn.train.checkpoint_save import TokenizerWriter, save_checkpoint
-from aiayn.train.checkpoint_sets import average_checkpoints, keep_last, periodic_checkpoints, write_average
-from aiayn.train.disk import STALE_AFTER_S, describe_os_error
-from aiayn.train.rng_state import capture_rng, restore_rng
+from aiayn.checkpoint.load import load_config, load_model_state, load_training_state, read_state_dict
+from aiayn.checkpoint.rng_state import capture_rng, restore_rng
+from aiayn.checkpoint.save import TokenizerWriter, save_checkpoint
+from aiayn.checkpoint.sets import average_checkpoints, keep_last, periodic_checkpoints, write_average
 
 __all__ = [
     "ALIASES_KEY",
@@ -84,7 +83,6 @@ __all__ = [
     "load_training_state",
     "periodic_checkpoints",
     "read_state_dict",
-    "recover_checkpoint",
     "recovered_file",
     "restore_rng",
     "save_checkpoint",

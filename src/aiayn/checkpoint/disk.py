@@ -1,9 +1,9 @@
 """Writing to disk so that a kill or a full disk never leaves a half-written thing in sight.
 
 - Files are created exclusively, written in full and fsynced (:func:`write_file`); folders are fsynced
-  after a rename (:func:`fsync_dir`).
+  after a rename (:func:`aiayn.files.fsync_dir`).
 - Work in progress lives under a hidden sibling name ``.<name>.<kind>-<host>-<pid>-<random>``
-  (:func:`side_name`); a folder is deleted by first renaming it to such a ``trash`` name (:func:`trash`),
+  (:func:`aiayn.files.side_name`); a folder is deleted by first renaming it to such a ``trash`` name (:func:`trash`),
   so a half-deleted folder never sits under a name a reader looks at.
 - :func:`sweep` deletes the ``tmp`` and ``trash`` folders whose process is gone (same host: the pid no
   longer exists; another host: older than :data:`STALE_AFTER_S`), never those of a process still running.
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aiayn.files import HOST, SIDE_FOLDER, fsync_dir, side_name  # noqa: F401  (re-exported for the savers)
+from aiayn.files import HOST, SIDE_FOLDER, side_name
 
 STALE_AFTER_S = 24 * 3600  # leftovers of a save on another host are deleted after this long
 

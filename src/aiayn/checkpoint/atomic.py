@@ -1,11 +1,12 @@
-"""Saving a checkpoint directory: writing it with its manifest, putting it in place of the previous one, and
-repairing what a save cut short left.
+"""Saving a checkpoint directory atomically: writing it with its manifest and putting it in place of the previous
+one.
 
 A save writes a temporary sibling (:func:`write_tmp`, manifest last) and puts it in place with two renames
 (:func:`commit`): at every instant ``<name>`` is complete, or it is missing and ``<name>.old`` is complete.
-:func:`recover_checkpoint` renames ``<name>.old`` back after a save that was cut short. What a reader needs (the
-file names, the manifest, completeness, :func:`~aiayn.checkpoint_layout.checkpoint_dir`) is in
-:mod:`aiayn.checkpoint_layout`.
+A resumed run renames ``<name>.old`` back after a save that was cut short
+(:func:`aiayn.train.restore.recover_checkpoint`, which asks the run lock first). What a reader needs (the
+file names, the manifest, completeness, :func:`~aiayn.checkpoint.layout.checkpoint_dir`) is in
+:mod:`aiayn.checkpoint.layout`.
 """
 
 from __future__ import annotations
@@ -18,20 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint_layout import (
+from aiayn.checkpoint.disk import fsync_file, trash, write_file
+from aiayn.checkpoint.layout import (
     CONFIG_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     MODEL_FILE,
     OWN_FILES,
     STATE_FILE,
-    checkpoint_dir,
     is_readable,
-    old_path,
 )
 from aiayn.errors import AiaynError
-from aiayn.files import sha256_of
-from aiayn.train.disk import fsync_dir, fsync_file, trash, write_file
+from aiayn.files import fsync_dir, sha256_of
 
 # ------------------------------------------------------------------------------------- writing
 
@@ -74,45 +73,6 @@ def write_tmp(tmp: Path, files: dict[str, bytes], tokenizer: Callable[[Path], No
     fsync_dir(tmp)
 
 
-# --------------------------------------------------------------------------------------- recovery
-
-
-def recover_checkpoint(path: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path:
-    """Repair a checkpoint left by an interrupted save and return the directory to read.
-
-    When ``path`` is missing or incomplete and ``<path>.old`` is complete, ``<path>.old`` is renamed back
-    to ``path`` (a broken ``path`` is deleted first) -- unless another live process holds the run lock of
-    ``path``'s parent folder (:mod:`aiayn.train.run_lock`) or the folder is read-only; then
-    ``<path>.old`` is only read from. Call it before resuming, while holding the run lock.
-
-    Args:
-        path: a checkpoint directory.
-        say: receives a one-line notice when something was renamed back.
-
-    Raises:
-        AiaynError: no checkpoint directory at ``path``.
-    """
-    from aiayn.train.run_lock import owner
-
-    target = Path(path)
-    old = old_path(target)
-    if is_readable(target) or not is_readable(old):
-        return checkpoint_dir(target)
-    holder = owner(target.parent)
-    if holder is not None and holder.alive is not False and not holder.is_this_process:
-        return old
-    try:
-        if target.is_dir():
-            trash(target, target)
-        os.rename(old, target)
-        fsync_dir(target.parent)
-    except OSError:
-        return checkpoint_dir(target)
-    if say is not None:
-        say(f"{target}: restored from {old.name}, left by a save that was cut short")
-    return target
-
-
 # ------------------------------------------------------------------------------------ replacing
 
 
@@ -152,7 +112,7 @@ def commit(tmp: Path, target: Path, old: Path) -> None:
     """Put the complete ``tmp`` in place of ``target``; at every instant ``target`` or ``old`` is complete.
 
     An existing ``target`` is renamed to ``old`` first, and renamed back when the second rename fails. The
-    caller deletes ``old`` afterwards (:func:`aiayn.train.disk.trash`).
+    caller deletes ``old`` afterwards (:func:`aiayn.checkpoint.disk.trash`).
 
     Raises:
         AiaynError: ``old`` is a folder that is not a checkpoint.

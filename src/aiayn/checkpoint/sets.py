@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint_layout import OWN_FILES, checkpoint_dir, old_path
+from aiayn.checkpoint.disk import trash
+from aiayn.checkpoint.layout import OWN_FILES, checkpoint_dir, old_path
+from aiayn.checkpoint.load import load_config, read_model_file
+from aiayn.checkpoint.save import save_checkpoint
 from aiayn.errors import AiaynError
 from aiayn.output_folder import CHECKPOINT, check_output_folder
-from aiayn.train.checkpoint_load import load_config, read_model_file
-from aiayn.train.checkpoint_save import save_checkpoint
-from aiayn.train.disk import trash
 
 
 def average_checkpoints(paths: Iterable[str | os.PathLike]) -> dict[str, torch.Tensor]:
@@ -69,7 +69,7 @@ def periodic_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
         run_dir: a run's ``train.out_dir``.
 
     Returns:
-        The ``step-N`` paths (read them through :func:`~aiayn.checkpoint_layout.checkpoint_dir`: a
+        The ``step-N`` paths (read them through :func:`~aiayn.checkpoint.layout.checkpoint_dir`: a
         ``step-N`` whose save was cut short is listed when its ``step-N.old`` is there); temporary and trash
         folders are never listed.
     """

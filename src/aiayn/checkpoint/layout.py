@@ -3,7 +3,7 @@ that was cut short left it.
 
 A directory whose ``manifest.json`` is present and whose files have the listed sizes is *complete*; one
 without a manifest but with config and weights is a checkpoint older than manifests (*legacy*), read
-unverified. A save (:mod:`aiayn.train.checkpoint_files`) puts a new checkpoint in place with two renames, so
+unverified. A save (:mod:`aiayn.checkpoint.atomic`) puts a new checkpoint in place with two renames, so
 that at every instant ``<name>`` is complete, or it is missing and ``<name>.old`` is complete:
 :func:`checkpoint_dir` finds whichever it is, :func:`recovered_file` does the same for one file of it (a
 tokenizer's), and :func:`verify` checks one file against the manifest. A load reads every file through one
@@ -255,7 +255,7 @@ class CheckpointRead:
     :attr:`TRIES` times; then one error says that the checkpoint was rewritten while being read. Each file is checked
     against its own directory's manifest as it is read, so a mismatch means the file is corrupt.
 
-    Use it as a context manager; the loaders (:mod:`aiayn.train.checkpoint_load`) take it in place of a path
+    Use it as a context manager; the loaders (:mod:`aiayn.checkpoint.load`) take it in place of a path
     (:func:`read_checkpoint`).
 
     Attributes:

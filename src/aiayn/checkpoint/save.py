@@ -2,7 +2,7 @@
 
 Everything is serialized in memory first (a bad config, an unsafe ``train_state`` or NaN/inf weights are
 refused before the disk is touched), then written into a hidden temporary sibling and put in place by
-:func:`~aiayn.train.checkpoint_files.commit`. Every ``OSError`` becomes one :class:`AiaynError` naming the
+:func:`~aiayn.checkpoint.atomic.commit`. Every ``OSError`` becomes one :class:`AiaynError` naming the
 path and the cause in words.
 """
 
@@ -19,7 +19,9 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from aiayn.checkpoint_layout import (
+from aiayn.checkpoint.atomic import check_target, commit, write_tmp
+from aiayn.checkpoint.disk import describe_os_error, error_path, remove_tree, sweep, trash, writing
+from aiayn.checkpoint.layout import (
     ALIASES_KEY,
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -29,12 +31,11 @@ from aiayn.checkpoint_layout import (
     holds_checkpoint,
     old_path,
 )
+from aiayn.checkpoint.load import first_non_finite
+from aiayn.checkpoint.rng_state import capture_rng
 from aiayn.errors import AiaynError
+from aiayn.files import side_name
 from aiayn.output_folder import OutputFolder, merge_into
-from aiayn.train.checkpoint_files import check_target, commit, write_tmp
-from aiayn.train.checkpoint_load import first_non_finite
-from aiayn.train.disk import describe_os_error, error_path, remove_tree, side_name, sweep, trash, writing
-from aiayn.train.rng_state import capture_rng
 
 TokenizerWriter = Callable[[Path], None] | Iterable[str | os.PathLike]
 _RESERVED = ("optimizer", "scheduler", "format_version")
@@ -162,7 +163,7 @@ def save_checkpoint(
     shard_writer: Callable[[Path], None] | None = None,
     into: OutputFolder | None = None,
 ) -> Path:
-    """Write a checkpoint directory so that a kill at any point leaves a loadable one (:mod:`aiayn.train.checkpoint`).
+    """Write a checkpoint directory so that a kill at any point leaves a loadable one (:mod:`aiayn.checkpoint`).
 
     ``training_state.pt`` is written when any of ``optimizer``, ``scheduler`` or ``train_state`` is
     given; the RNG states are captured at this call unless ``train_state`` has an ``"rng"`` entry. The

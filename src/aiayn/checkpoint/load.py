@@ -1,6 +1,6 @@
 """Reading a checkpoint: weights (tied names restored), config and training state, each checked first.
 
-Every reader takes a checkpoint path or a :class:`~aiayn.checkpoint_layout.CheckpointRead`: a path is pinned for
+Every reader takes a checkpoint path or a :class:`~aiayn.checkpoint.layout.CheckpointRead`: a path is pinned for
 that one read; a load that reads several files (config, weights, tokenizers) pins the checkpoint once and passes the
 pin to each, so that all of them come from one save even while training saves the checkpoint again. Each file is
 checked against its directory's manifest. Nothing is unpickled: weights are safetensors, the config is JSON, and
@@ -21,7 +21,7 @@ import safetensors
 import torch
 from torch import nn
 
-from aiayn.checkpoint_layout import (
+from aiayn.checkpoint.layout import (
     ALIASES_KEY,
     CONFIG_FILE,
     MODEL_FILE,
@@ -53,7 +53,7 @@ def read_state_dict(path: Checkpoint) -> dict[str, torch.Tensor]:
     """Read a checkpoint's model state dict (on CPU) with tied names restored as the same tensor.
 
     Args:
-        path: a checkpoint directory, or a pinned :class:`~aiayn.checkpoint_layout.CheckpointRead`.
+        path: a checkpoint directory, or a pinned :class:`~aiayn.checkpoint.layout.CheckpointRead`.
 
     Raises:
         AiaynError: the directory or ``model.safetensors`` is missing, unreadable, differs from its
@@ -109,7 +109,7 @@ def load_model_state(
     """Load a checkpoint's weights into ``model`` (tied parameters stay tied: values are copied in).
 
     Args:
-        path: a checkpoint directory, or a pinned :class:`~aiayn.checkpoint_layout.CheckpointRead`.
+        path: a checkpoint directory, or a pinned :class:`~aiayn.checkpoint.layout.CheckpointRead`.
         model: a model built from the checkpoint's config.
         strict: require exactly matching keys.
 
@@ -159,8 +159,8 @@ def load_training_state(path: Checkpoint, map_location: str | torch.device = "cp
 
     Returns:
         ``{"format_version", "optimizer", "scheduler", "rng", **train_state}``: ``optimizer`` and
-        ``scheduler`` are state dicts (or None), ``rng`` is for :func:`~aiayn.train.rng_state.restore_rng`,
-        and the rest is the ``train_state`` given to :func:`~aiayn.train.checkpoint_save.save_checkpoint`.
+        ``scheduler`` are state dicts (or None), ``rng`` is for :func:`~aiayn.checkpoint.rng_state.restore_rng`,
+        and the rest is the ``train_state`` given to :func:`~aiayn.checkpoint.save.save_checkpoint`.
 
     Raises:
         AiaynError: the file differs from its checksum, is missing while the manifest lists it, is corrupt,
