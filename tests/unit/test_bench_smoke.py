@@ -29,6 +29,7 @@ import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
 import run_all  # noqa: E402
+import step_ops  # noqa: E402
 import train_step_profile  # noqa: E402
 import train_throughput  # noqa: E402
 import translate_beam  # noqa: E402
@@ -404,3 +405,13 @@ def test_converted_gpt2_decodes_what_transformers_decodes(tmp_path: Path) -> Non
     assert row["same_tokens"] == 1.0 and row["new_tokens"] == 6
     assert row["aiayn_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["from_hf_s"] > 0
     assert (tmp_path / "aiayn" / "model.safetensors").is_file() and (tmp_path / "hf-again" / "config.json").is_file()
+
+
+def test_step_ops_counts_a_steps_operations_by_module() -> None:
+    """A step's count is the same whatever the two decode lengths, and every operation is charged somewhere."""
+    model = translate_beam.reference_model(translate_beam.Seq2SeqSize("tiny", 16, 32, 2, 1, 50))
+    ops = step_ops.count(model, step_ops.seq2seq_decode)
+    assert ops["MultiHeadAttention"] > 0 and ops[step_ops.OUTSIDE] > 0 and ops["benchmark's EOS mask"] == 3
+    assert all(float(v).is_integer() for v in ops.values())  # the same operations at every step
+    share = step_ops.time_share(model, step_ops.seq2seq_decode, runs=1)
+    assert share["operators_ms"] > 0 and 0 < share["share_in_operators"] <= 1.0
