@@ -183,7 +183,7 @@ def folder_problem(path: str | os.PathLike) -> tuple[Path, str, str] | None:
             return None
     except OSError:
         pass
-    limit = _name_max(path)
+    limit = _limit(path, "PC_NAME_MAX", 255)
     for part in (path, *path.parents):
         size = len(os.fsencode(part.name))
         if size > limit:
@@ -216,11 +216,6 @@ def folder_problem(path: str | os.PathLike) -> tuple[Path, str, str] | None:
             inside = "" if part == path else f", so {path} cannot be made inside it"
             return part, f"is a file, not a folder{inside}", "remove or rename that file"
     return None
-
-
-def _name_max(path: Path) -> int:
-    """The longest file name (in bytes) the file system of ``path``'s nearest existing folder allows."""
-    return _limit(path, "PC_NAME_MAX", 255)
 
 
 def _limit(path: Path, name: str, default: int) -> int:

@@ -33,7 +33,8 @@ httpx = pytest.importorskip("httpx")
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.inspect import inspect_text  # noqa: E402
-from aiayn.inspect.server import Limits, bind, build_app, is_loopback, parse_json, serve  # noqa: E402
+from aiayn.inspect.server import Limits, bind, build_app, parse_json, serve  # noqa: E402
+from aiayn.local_server import is_loopback  # noqa: E402
 from aiayn.pretrained import load_pretrained  # noqa: E402
 
 JSON = {"content-type": "application/json"}

@@ -108,23 +108,32 @@ def verify(directory: Path, name: str) -> None:
         return
     try:
         st = file.stat()
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
-            return
-        same = st.st_size == entry["size"] and sha256_of(file) == entry["sha256"]
     except FileNotFoundError:
         raise _missing(file) from None
     except OSError as e:
         raise _unreadable(file, e) from None
+    _check_entry(file, st, file, entry)
+
+
+def _check_entry(file: Path, st: os.stat_result, source: Path | int, entry: dict) -> None:
+    """Check the file ``file`` (``st`` its status; read from ``source``, its path or an open descriptor) against its
+    manifest ``entry``; a file this process checked already, unchanged since, is not read again.
+
+    Raises:
+        AiaynError: the size or the SHA-256 differs, or the file cannot be read.
+    """
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
+        return
+    try:
+        same = st.st_size == entry["size"] and sha256_of(source) == entry["sha256"]
+    except OSError as e:
+        raise _unreadable(file, e) from None
     if not same:
         raise _mismatch(file)
-    _remember(key, entry["sha256"])
-
-
-def _remember(key: tuple, sha256: str) -> None:
     if len(_VERIFIED) > 256:
         _VERIFIED.clear()
-    _VERIFIED[key] = sha256
+    _VERIFIED[key] = entry["sha256"]
 
 
 def _unlisted(file: Path) -> AiaynError:
@@ -397,17 +406,7 @@ class CheckpointRead:
                 raise _mismatch(self.file(name))
             return
         fd = self._open(name)
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        if st.st_size == entry["size"] and _VERIFIED.get(key) == entry["sha256"]:
-            return
-        try:
-            same = st.st_size == entry["size"] and sha256_of(fd) == entry["sha256"]
-        except OSError as e:
-            raise _unreadable(self.file(name), e) from None
-        if not same:
-            raise _mismatch(self.file(name))
-        _remember(key, entry["sha256"])
+        _check_entry(self.file(name), os.fstat(fd), fd, entry)
 
     def read_bytes(self, name: str, check: bool = True) -> bytes | None:
         """The bytes of ``name``, checked against the manifest unless ``check`` is false (the caller then calls

@@ -181,12 +181,17 @@ def load_training_state(path: Checkpoint, map_location: str | torch.device = "cp
     return read_checkpoint(path, load)
 
 
+def pickled_class(e: BaseException) -> str | None:
+    """The class ``torch.load(weights_only=True)`` refused to unpickle (its seven lines name it), else None."""
+    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+    return named.group(1) if named else None
+
+
 def _state_error(file: Path, e: Exception) -> AiaynError:
     """One line for what ``torch.load(weights_only=True)`` raised on the training state ``file``."""
-    text = str(e)
-    named = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if named:  # torch's refusal of a pickled object, in seven lines of its own
-        return AiaynError(f"{file}: holds objects other than tensors and plain values (it names {named.group(1)}); "
+    text, named = str(e), pickled_class(e)
+    if named:
+        return AiaynError(f"{file}: holds objects other than tensors and plain values (it names {named}); "
                           "refused for safety, since loading it could run code: use a checkpoint that aiayn saved "
                           "(its training state holds only tensors, numbers, strings, lists and dicts), or start a new "
                           "run in another train.out_dir")
@@ -199,14 +204,10 @@ def _state_error(file: Path, e: Exception) -> AiaynError:
 # ----------------------------------------------------------------------------------------------------- memory
 
 
-def weights_bytes(path: Checkpoint) -> int | None:
+def _weights_bytes(ck: CheckpointRead) -> int | None:
     """The bytes of the tensors ``model.safetensors`` holds, from its header alone (every tensor's dtype and shape
     are known before any is read); None when the file is absent or its header does not fit the file (the reader
     then says what is wrong with it)."""
-    return read_checkpoint(path, _weights_bytes)
-
-
-def _weights_bytes(ck: CheckpointRead) -> int | None:
     f = ck.open_file(MODEL_FILE)
     if f is None:
         return None

@@ -81,7 +81,8 @@ def _inspect(p: argparse.ArgumentParser) -> None:
                                   more=image_pictures if image else None)
             print(f"wrote {len(files)} pictures into {args.png}")
             return 0
-        from aiayn.inspect.server import Limits, is_loopback, serve
+        from aiayn.inspect.server import Limits, serve
+        from aiayn.local_server import is_loopback
 
         if not is_loopback(args.host):
             print(f"aiayn inspect: warning: serving on {args.host}: anyone who reaches this address can run the "

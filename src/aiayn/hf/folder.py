@@ -18,7 +18,6 @@ files one by one, the others left as they are.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint.load import pickled_class
 from aiayn.errors import AiaynError
 from aiayn.files import as_umask_allows
 from aiayn.output_folder import (
@@ -99,9 +99,9 @@ def _read_one(file: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises pickle, zip and runtime errors of many kinds
-        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if named:  # torch's refusal of a pickled object, in seven lines of its own
-            raise AiaynError(f"{file}: holds objects other than tensors (it names {named.group(1)}); refused for "
+        named = pickled_class(e)
+        if named:
+            raise AiaynError(f"{file}: holds objects other than tensors (it names {named}); refused for "
                              "safety, since loading it could run code: use the model's model.safetensors, or a "
                              "weights file that holds only tensors") from None
         first = (str(e).strip().splitlines() or [""])[0][:200]

@@ -40,7 +40,6 @@ from typing import Any
 
 from aiayn.errors import AiaynError
 from aiayn.local_server import AllowedHosts, LocalOnly, uvicorn_config
-from aiayn.local_server import is_loopback as is_loopback  # where the CLI and the tests find it
 
 #: the deepest nesting of arrays and objects a request body may have
 MAX_DEPTH = 8

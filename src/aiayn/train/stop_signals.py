@@ -127,8 +127,3 @@ def stop_signals(deferred: bool) -> Iterator[StopSignals | None]:
     finally:
         _active = None
         handlers.restore()
-
-
-def active() -> StopSignals | None:
-    """The handlers in force (inside :func:`stop_signals`), else None."""
-    return _active
