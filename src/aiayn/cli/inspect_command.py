@@ -38,7 +38,9 @@ def _inspect(p: argparse.ArgumentParser) -> None:
                         "is greedy)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1, this machine only; another address makes the "
-                        "explorer and the model reachable from the network)")
+                        "explorer and the model reachable from the network). Requests must name the server by a "
+                        "loopback name or this address, come from its own page (Origin) and post JSON; others are "
+                        "refused (docs/inspect.md)")
     p.add_argument("--port", type=whole(0, 65535), default=8000,
                    help="port to serve on (default 8000; 0: any free port, named when serving starts)")
     p.add_argument("--timeout", type=number(0, open_low=True), default=60.0,
