@@ -189,6 +189,15 @@ def test_served_step_through_neurons_and_keyboard(inspect_checkpoints, serve, pa
     record = inspect_text(pre, "the small dog runs .")
     failed: list[str] = []
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    running, most = set(), [0]  # step-through requests in flight: the page asks one at a time
+
+    def asked(r) -> None:
+        if r.url.endswith("/api/steps"):
+            running.add(r)
+            most[0] = max(most[0], len(running))
+    page.on("request", asked)
+    page.on("requestfinished", lambda r: running.discard(r))
+    page.on("requestfailed", lambda r: running.discard(r))
     with serve(build_app(pre, record)) as url:
         _open(page, url + "/")
         info = page.locator("#model-info").text_content()
@@ -242,6 +251,7 @@ def test_served_step_through_neurons_and_keyboard(inspect_checkpoints, serve, pa
         page.select_option("#steps-query", "2")
         page.wait_for_function("document.querySelector('#steps .steps-what').textContent.includes('head 3 of 4, "
                                "query 2 (')")
+        assert most[0] == 1
         chosen = step_record(pre, record["ids"], "decoder", 1, 3, 2)
         assert _values(page, "#steps td.weights") == pytest.approx(_stage(chosen, "weights"), abs=1e-12)
         assert _values(page, "#steps .stage[data-id='ffn_out'] .vcell") == pytest.approx(_stage(chosen, "ffn_out"))

@@ -3,7 +3,7 @@
 // query token; an offline page or a notebook shows the one the record holds (record.steps).
 "use strict";
 
-const stepView = { data: null, asked: null };
+const stepView = { data: null, asked: null, running: false };
 
 function stepSelection() {
   return { kind: $("steps-kind").value, layer: parseInt($("steps-layer").value, 10),
@@ -62,6 +62,7 @@ async function showSteps() {
   const sel = stepSelection(), status = $("steps-status");
   if (!record.ids) return;
   if (stepView.data && sameSelection(stepView.data, sel)) {
+    stepView.asked = { ...sel, of: record };
     status.textContent = "";
     renderSteps(stepView.data);
     renderNeurons(stepView.data);
@@ -81,15 +82,31 @@ async function showSteps() {
     }
     return;
   }
-  stepView.asked = sel;
+  // one request at a time: a choice made while one runs is asked for when it returns (the latest choice only)
+  stepView.asked = { ...sel, of: record };
   status.textContent = "computing\u2026";
-  const answer = await postJSON("api/steps", { ids: record.ids, ...sel });
-  if (!sameSelection(stepView.asked, sel)) return;  // another choice was made meanwhile
-  if (answer.error) { status.textContent = answer.error; return; }
-  stepView.data = answer.body;
-  status.textContent = "";
-  renderSteps(answer.body);
-  renderNeurons(answer.body);
+  if (stepView.running) return;
+  stepView.running = true;
+  try {
+    for (;;) {
+      const asking = stepView.asked;
+      const answer = await postJSON("api/steps", { ids: asking.of.ids, kind: asking.kind, layer: asking.layer,
+        head: asking.head, query: asking.query });
+      const now = stepView.asked;
+      if (!now || now.of !== asking.of || !sameSelection(now, asking)) {  // another choice was made meanwhile
+        if (!now || (now.of === record && sameSelection(stepView.data, now))) return;  // shown already
+        continue;
+      }
+      if (answer.error) { status.textContent = answer.error; return; }
+      stepView.data = answer.body;
+      status.textContent = "";
+      renderSteps(answer.body);
+      renderNeurons(answer.body);
+      return;
+    }
+  } finally {
+    stepView.running = false;
+  }
 }
 
 // ---- drawing
