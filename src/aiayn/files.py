@@ -133,3 +133,15 @@ def parse_json(text: str | bytes) -> Any:
                       "nests more than a few") from None
     except UnicodeDecodeError as e:
         raise BadJSON(f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
+def manifest_entries(data: Any) -> dict[str, dict[str, Any]] | None:
+    """The ``files`` of a parsed manifest (``manifest.json`` of a checkpoint, ``aiayn-output.json`` of other output):
+    relative path -> ``{"size": int, "sha256": str}``, when ``data`` has a manifest's shape (an integer
+    ``format_version`` too); None when it has not."""
+    files = data.get("files") if isinstance(data, dict) and isinstance(data.get("format_version"), int) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("size"), int)
+            and isinstance(v.get("sha256"), str) for k, v in files.items()):
+        return None
+    return files

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import AiaynError
-from aiayn.files import SIDE_FOLDER, fsync_dir, parse_json, sha256_of, side_name
+from aiayn.files import SIDE_FOLDER, BadJSON, fsync_dir, manifest_entries, parse_json, sha256_of, side_name
 
 CHECKPOINT = "aiayn checkpoint"
 TRANSFORMERS = "transformers folder"
@@ -72,20 +72,17 @@ class OutputFolder:
     whole: bool = True
 
 
-def _read_manifest(folder: Path, kind: str) -> dict[str, dict[str, Any]] | None:
+def _listed_files(folder: Path, kind: str) -> dict[str, dict[str, Any]] | None:
     """The files listed by ``folder``'s manifest of ``kind``; None when it has none (or not of this kind)."""
     file = folder / manifest_name(kind)
     try:
         if file.is_symlink() or not file.is_file():
             return None
         data = parse_json(file.read_bytes())
-        files = data["files"]
-        ok = isinstance(data["format_version"], int) and isinstance(files, dict) and all(
-            isinstance(k, str) and isinstance(v["size"], int) and isinstance(v["sha256"], str)
-            for k, v in files.items())
-    except (OSError, ValueError, KeyError, TypeError):  # ValueError: BadJSON, nested too deeply included
+    except (OSError, BadJSON):
         return None
-    if not ok or (kind != CHECKPOINT and data.get("aiayn_output") != kind):
+    files = manifest_entries(data)
+    if files is None or (kind != CHECKPOINT and data.get("aiayn_output") != kind):
         return None
     return files
 
@@ -152,7 +149,7 @@ def check_output_folder(out: str | os.PathLike, kind: str, *, overwrite: bool = 
                          "choose another folder") from None
     if not entries:
         return OutputFolder(path, kind, "empty", whole=False)  # filled in place: the user's folder, its mode kept
-    previous = _read_manifest(path, kind)
+    previous = _listed_files(path, kind)
     if previous is not None:
         whole = not path.is_symlink() and _only_listed(path, {*previous, manifest_name(kind)})
         return OutputFolder(path, kind, "own", previous, whole)

@@ -14,10 +14,67 @@ pytest.importorskip("torch.nn.attention.flex_attention", reason="FlexAttention n
 from aiayn.nn import flex as F  # noqa: E402
 from aiayn.nn import masks as M  # noqa: E402
 from aiayn.nn.attention import scaled_dot_product_attention  # noqa: E402
-from aiayn.nn.positions import ALiBi, T5RelativeBias  # noqa: E402
+from aiayn.nn.positions import ALiBi, T5RelativeBias, t5_relative_bucket  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 B, H, DH = 2, 4, 8
+
+
+# The dense masks and biases of aiayn.nn.masks / aiayn.nn.positions as FlexAttention mods
+def sliding_window_mod(window: int, offset: int = 0, causal: bool = True) -> F.MaskMod:
+    """:func:`aiayn.nn.masks.sliding_window_mask` as a mask mod: the ``window`` nearest keys (itself included)."""
+    def mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        d = q + offset - k
+        near = (d < window) & (d > -window)
+        return near & (d >= 0) if causal else near
+
+    return mod
+
+def block_sparse_mod(block: int, local_blocks: int = 1, stride: int | None = None, causal: bool = False,
+                     offset: int = 0) -> F.MaskMod:
+    """:func:`aiayn.nn.masks.block_sparse_mask` as a mask mod."""
+    def mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        d = (q + offset) // block - k // block
+        out = (d < local_blocks) & (d > -local_blocks)
+        if stride:
+            out = out | (k // block % stride == stride - 1)
+        return out & (k <= q + offset) if causal else out
+
+    return mod
+
+def local_global_mod(window: int, n_global: int, causal: bool = False, offset: int = 0) -> F.MaskMod:
+    """:func:`aiayn.nn.masks.local_global_mask` with global positions 0 .. n_global - 1, as a mask mod."""
+    def mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        d = q + offset - k
+        out = ((d < window) & (d > -window)) | (k < n_global) | (q + offset < n_global)
+        return out & (d >= 0) if causal else out
+
+    return mod
+
+def document_mod(doc_ids: torch.Tensor, causal: bool = True) -> F.MaskMod:
+    """:func:`aiayn.nn.masks.document_mask` as a mask mod; doc_ids (B, T) with T = S."""
+    def mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        same = doc_ids[b, q] == doc_ids[b, k]
+        return same & (k <= q) if causal else same
+
+    return mod
+
+def padding_mod(key_is_token: torch.Tensor) -> F.MaskMod:
+    """:func:`aiayn.nn.masks.padding_mask` as a mask mod; key_is_token (B, S) bool."""
+    return lambda b, h, q, k: key_is_token[b, k]
+
+def alibi_score_mod(slopes: torch.Tensor, offset: int = 0) -> F.ScoreMod:
+    """:class:`aiayn.nn.positions.ALiBi` as a score mod: score - slope_h * |pos_q - pos_k|; slopes (H,)."""
+    return lambda score, b, h, q, k: score - slopes[h] * (q + offset - k).abs()
+
+def t5_score_mod(table: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int,
+                 offset: int = 0) -> F.ScoreMod:
+    """:class:`aiayn.nn.positions.T5RelativeBias` as a score mod; table (num_buckets, H) is its embedding weight."""
+    def mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        bucket = t5_relative_bucket(k - (q + offset), bidirectional, num_buckets, max_distance)
+        return score + table[bucket, h]
+
+    return mod
 
 
 @pytest.fixture(autouse=True)
@@ -38,17 +95,17 @@ def _grid(mod: F.MaskMod, b: int, t: int, s: int) -> torch.Tensor:
 def test_mask_mods_equal_the_dense_masks(t: int, causal: bool) -> None:
     s, off = 37, 37 - t
     pairs = {
-        "window": (F.sliding_window_mod(6, off, causal), M.sliding_window_mask(t, 6, s, causal=causal)),
-        "block_sparse": (F.block_sparse_mod(4, 2, 3, causal, off), M.block_sparse_mask(t, 4, 2, 3, causal, s=s)),
-        "local_global": (F.local_global_mod(5, 3, causal, off), M.local_global_mask(t, 5, [0, 1, 2], causal, s=s)),
+        "window": (sliding_window_mod(6, off, causal), M.sliding_window_mask(t, 6, s, causal=causal)),
+        "block_sparse": (block_sparse_mod(4, 2, 3, causal, off), M.block_sparse_mask(t, 4, 2, 3, causal, s=s)),
+        "local_global": (local_global_mod(5, 3, causal, off), M.local_global_mask(t, 5, [0, 1, 2], causal, s=s)),
     }
     for name, (mod, dense) in pairs.items():
         assert torch.equal(_grid(mod, 1, t, s)[0, 0], dense), name
     doc_ids = torch.tensor([[0] * 10 + [1] * 20 + [2] * 7, [0] * 37])
-    assert torch.equal(_grid(F.document_mod(doc_ids, causal), B, s, s),
+    assert torch.equal(_grid(document_mod(doc_ids, causal), B, s, s),
                        M.document_mask(doc_ids, causal).expand(B, 1, s, s))
     is_token = torch.rand(B, s) > 0.3
-    assert torch.equal(_grid(F.padding_mod(is_token), B, t, s), M.padding_mask(is_token).expand(B, 1, t, s))
+    assert torch.equal(_grid(padding_mod(is_token), B, t, s), M.padding_mask(is_token).expand(B, 1, t, s))
 
 
 def _qkv(t: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,12 +118,12 @@ def test_flex_with_mask_and_score_mods_equals_the_reference_with_dense_masks_and
     q_pos, k_pos = torch.arange(t)[None], torch.arange(s)[None]
     alibi, t5 = ALiBi(H), T5RelativeBias(H, 16, 64, bidirectional=False)
     cases = {
-        "window+alibi": (F.sliding_window_mod(40), F.alibi_score_mod(alibi.slopes),
+        "window+alibi": (sliding_window_mod(40), alibi_score_mod(alibi.slopes),
                          M.sliding_window_mask(t, 40), alibi(q_pos, k_pos)),
-        "block_sparse+t5": (F.block_sparse_mod(16, 2, 4, causal=True),
-                            F.t5_score_mod(t5.embedding.weight, False, 16, 64),
+        "block_sparse+t5": (block_sparse_mod(16, 2, 4, causal=True),
+                            t5_score_mod(t5.embedding.weight, False, 16, 64),
                             M.block_sparse_mask(t, 16, 2, 4, causal=True), t5(q_pos, k_pos)),
-        "local_global+softcap": (F.local_global_mod(20, 2, causal=True), F.softcap_score_mod(3.0),
+        "local_global+softcap": (local_global_mod(20, 2, causal=True), F.softcap_score_mod(3.0),
                                  M.local_global_mask(t, 20, [0, 1], causal=True), None),
     }
     with torch.no_grad():
@@ -128,9 +185,9 @@ def test_block_masks_skip_what_the_pattern_leaves_out() -> None:
     summary block every 8) 38; local+global fewer than causal."""
     n = 2048
     counts = {}
-    for name, mod in {"causal": F.causal_mod(), "window": F.sliding_window_mod(256),
-                      "block_sparse": F.block_sparse_mod(128, 2, 8, causal=True),
-                      "local_global": F.local_global_mod(256, 16, causal=True)}.items():
+    for name, mod in {"causal": F.causal_mod(), "window": sliding_window_mod(256),
+                      "block_sparse": block_sparse_mod(128, 2, 8, causal=True),
+                      "local_global": local_global_mod(256, 16, causal=True)}.items():
         blocks = F.block_mask(mod, None, None, n, n, "cpu")
         counts[name] = int(blocks.kv_num_blocks.sum() + (blocks.full_kv_num_blocks.sum()
                                                         if blocks.full_kv_num_blocks is not None else 0))
@@ -146,7 +203,7 @@ def test_compiled_flex_equals_the_reference(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(F.SETTINGS, "compile", True)
     q, k, v = _qkv(256, 256)
     with torch.no_grad():
-        out = F.attend(q, k, v, mask_mod=F.sliding_window_mod(64), score_mod=F.alibi_score_mod(ALiBi(H).slopes))
+        out = F.attend(q, k, v, mask_mod=sliding_window_mod(64), score_mod=alibi_score_mod(ALiBi(H).slopes))
         ref, _ = scaled_dot_product_attention(q, k, v, mask=M.sliding_window_mask(256, 64),
                                               bias=ALiBi(H)(torch.arange(256)[None], torch.arange(256)[None]),
                                               backend="reference")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from aiayn.errors import AiaynError, where
-from aiayn.files import BadJSON, parse_json, sha256_of
+from aiayn.files import BadJSON, manifest_entries, parse_json, sha256_of
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.safetensors"
@@ -67,18 +67,15 @@ def _parse_manifest(data: bytes, file: Path) -> dict:
     """
     try:
         data = parse_json(data)
-        files = data["files"]
-        ok = isinstance(data["format_version"], int) and all(
-            isinstance(v["size"], int) and isinstance(v["sha256"], str) for v in files.values()
-        )
-    except (BadJSON, KeyError, TypeError, AttributeError) as e:
-        why = e.detail if isinstance(e, BadJSON) else f"{type(e).__name__}: {e}"
+    except BadJSON as e:
         raise AiaynError(
-            f"{where(file, getattr(e, 'line', None))}: not a valid checkpoint manifest ({why}); the checkpoint is "
-            "corrupt: use another checkpoint, or delete the manifest to load this one unverified"
+            f"{where(file, e.line)}: not a valid checkpoint manifest ({e.detail}); the checkpoint is corrupt: use "
+            "another checkpoint, or delete the manifest to load this one unverified"
         ) from None
-    if not ok:
-        raise AiaynError(f"{file}: not a valid checkpoint manifest; the checkpoint is corrupt")
+    if manifest_entries(data) is None:
+        raise AiaynError(f"{file}: not a valid checkpoint manifest (an integer format_version and files, each with "
+                         "an integer size and a sha256, are needed); the checkpoint is corrupt: use another "
+                         "checkpoint, or delete the manifest to load this one unverified")
     if data["format_version"] > FORMAT_VERSION:
         raise AiaynError(
             f"{file}: checkpoint format {data['format_version']} is newer than this aiayn reads "

@@ -24,10 +24,7 @@ def greedy_chooser(head: LMHead, banned_ids: Sequence[int] = ()) -> Callable[[Te
     banned = list(banned_ids)
 
     def choose(h: Tensor) -> Tensor:
-        weight = getattr(head.proj, "weight", None)
-        if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
-            h = h.to(weight.dtype)  # the search hands over fp32 states; a bf16 model's go back exactly
-        return next_scores(head(h), banned).argmax(dim=-1)  # (N,)
+        return next_scores(head(head.in_weight_dtype(h)), banned).argmax(dim=-1)  # (N,)
 
     return choose
 

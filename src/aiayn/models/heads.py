@@ -76,6 +76,14 @@ class LMHead(nn.Module):
         """h (..., D) -> logits (..., V)."""
         return self.proj(h * self.scale if self.scale != 1.0 else h)
 
+    def in_weight_dtype(self, h: Tensor) -> Tensor:
+        """h (..., D) in the output layer's floating weight dtype: a search hands over fp32 states, and a bf16
+        model's go back exactly."""
+        weight = getattr(self.proj, "weight", None)
+        if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
+            return h.to(weight.dtype)
+        return h
+
     def loss(self, h: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
         """The label-smoothed cross-entropy of this head's logits (:func:`aiayn.models.losses.label_smoothed_nll`), or
         the ``loss_kernel`` where one is set (it declines with None, e.g. for a biased output layer).

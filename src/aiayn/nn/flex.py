@@ -5,17 +5,12 @@ and a bias as a ``score_mod(score, b, h, q_idx, kv_idx) -> score``. ``create_blo
 (128 x 128) block, and the compiled kernel skips every block in which nothing is allowed, so a sliding window, a
 block-sparse or a local+global pattern costs the work of the blocks it keeps, not of the whole (T, S) square.
 
-Two ways in:
-
-- :func:`flex_attention`, the ``"flex"`` backend of :func:`aiayn.nn.attention.scaled_dot_product_attention`: the
-  mask and bias it is given (dense tensors, as the stack makes them) are read by index inside the mod functions,
-  and the block mask of a mask tensor is made once and reused by every layer that gets the same tensor. Fewer
-  queries than one block (a decoding step) have nothing to skip: compiled, they take torch's fused kernel instead,
-  which spares a compilation per key length;
-- the builders below (:func:`sliding_window_mod`, :func:`block_sparse_mod`, :func:`local_global_mod`,
-  :func:`document_mod`, :func:`padding_mod`, :func:`alibi_score_mod`, :func:`t5_score_mod`) with :func:`attend`,
-  which never make a (T, S) tensor. Each equals its dense form in :mod:`aiayn.nn.masks` /
-  :mod:`aiayn.nn.positions` (tests hold them equal).
+:func:`flex_attention` is the ``"flex"`` backend of :func:`aiayn.nn.attention.scaled_dot_product_attention`: the
+mask and bias it is given (dense tensors, as the stack makes them) are read by index inside the mod functions
+(:func:`tensor_mod`, :func:`tensor_score_mod`), and the block mask of a mask tensor is made once and reused by every
+layer that gets the same tensor. Fewer queries than one block (a decoding step) have nothing to skip: compiled, they
+take torch's fused kernel instead, which spares a compilation per key length. :func:`attend` with a mask mod of one's
+own (:func:`causal_mod`, :func:`and_mods`) and :func:`block_mask` never make a (T, S) tensor.
 
 Queries are the last T of the S key positions (as with a KV cache): query row i is at position ``S - T + i``.
 
@@ -36,7 +31,6 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
-from aiayn.nn.positions import t5_relative_bucket
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -96,53 +90,6 @@ def causal_mod(offset: int = 0) -> MaskMod:
     return lambda b, h, q, k: k <= q + offset
 
 
-def sliding_window_mod(window: int, offset: int = 0, causal: bool = True) -> MaskMod:
-    """:func:`aiayn.nn.masks.sliding_window_mask` as a mask mod: the ``window`` nearest keys (itself included)."""
-    def mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        d = q + offset - k
-        near = (d < window) & (d > -window)
-        return near & (d >= 0) if causal else near
-
-    return mod
-
-
-def block_sparse_mod(block: int, local_blocks: int = 1, stride: int | None = None, causal: bool = False,
-                     offset: int = 0) -> MaskMod:
-    """:func:`aiayn.nn.masks.block_sparse_mask` as a mask mod."""
-    def mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        d = (q + offset) // block - k // block
-        out = (d < local_blocks) & (d > -local_blocks)
-        if stride:
-            out = out | (k // block % stride == stride - 1)
-        return out & (k <= q + offset) if causal else out
-
-    return mod
-
-
-def local_global_mod(window: int, n_global: int, causal: bool = False, offset: int = 0) -> MaskMod:
-    """:func:`aiayn.nn.masks.local_global_mask` with global positions 0 .. n_global - 1, as a mask mod."""
-    def mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        d = q + offset - k
-        out = ((d < window) & (d > -window)) | (k < n_global) | (q + offset < n_global)
-        return out & (d >= 0) if causal else out
-
-    return mod
-
-
-def document_mod(doc_ids: Tensor, causal: bool = True) -> MaskMod:
-    """:func:`aiayn.nn.masks.document_mask` as a mask mod; doc_ids (B, T) with T = S."""
-    def mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        same = doc_ids[b, q] == doc_ids[b, k]
-        return same & (k <= q) if causal else same
-
-    return mod
-
-
-def padding_mod(key_is_token: Tensor) -> MaskMod:
-    """:func:`aiayn.nn.masks.padding_mask` as a mask mod; key_is_token (B, S) bool."""
-    return lambda b, h, q, k: key_is_token[b, k]
-
-
 def tensor_mod(mask: Tensor) -> MaskMod:
     """A bool mask broadcastable to (B, H, T, S), read by index."""
     m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -152,21 +99,6 @@ def tensor_mod(mask: Tensor) -> MaskMod:
 
 
 # ---------------------------------------------------------------------------------------------------- score mods
-def alibi_score_mod(slopes: Tensor, offset: int = 0) -> ScoreMod:
-    """:class:`aiayn.nn.positions.ALiBi` as a score mod: score - slope_h * |pos_q - pos_k|; slopes (H,)."""
-    return lambda score, b, h, q, k: score - slopes[h] * (q + offset - k).abs()
-
-
-def t5_score_mod(table: Tensor, bidirectional: bool, num_buckets: int, max_distance: int,
-                 offset: int = 0) -> ScoreMod:
-    """:class:`aiayn.nn.positions.T5RelativeBias` as a score mod; table (num_buckets, H) is its embedding weight."""
-    def mod(score: Tensor, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
-        bucket = t5_relative_bucket(k - (q + offset), bidirectional, num_buckets, max_distance)
-        return score + table[bucket, h]
-
-    return mod
-
-
 def tensor_score_mod(bias: Tensor) -> ScoreMod:
     """A float bias broadcastable to (B, H, T, S), read by index and added."""
     x = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))

@@ -110,14 +110,12 @@ class ScreenedGreedy:
         if not SETTINGS.screened_argmax:
             return None
         chooser = GreedyHead(self.head.proj, banned_ids)
-        scale, weight = self.head.scale, getattr(self.head.proj, "weight", None)
+        head, scale = self.head, self.head.scale
         if scale == 1.0:
             return chooser
 
         def choose(h: Tensor) -> Tensor:  # h (N, D) -> (N,): in the weight's dtype, then scaled, as the reference
-            if isinstance(weight, Tensor) and weight.is_floating_point() and h.dtype != weight.dtype:
-                h = h.to(weight.dtype)
-            return chooser(h * scale)
+            return chooser(head.in_weight_dtype(h) * scale)
 
         return choose
 

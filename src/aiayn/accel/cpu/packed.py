@@ -37,7 +37,6 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import TypeVar
 
 import torch
@@ -46,6 +45,7 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from aiayn.accel.cpu import gemm as cpu_gemm
+from aiayn.accel.cpu import native
 from aiayn.accel.cpu.gemm import onednn_available
 
 # dtype -> fewest rows worth the packed kernel: one fp32 row is a matrix-vector product, faster through F.linear;
@@ -242,11 +242,10 @@ class PackedLinear(nn.Linear):
             return lambda x: _activate(cpu_gemm.linear(x, w, b), activation)
         # many rows on an AVX2 CPU: a panel-packed copy
         if w.dtype == torch.float32 and not self.few_rows_only and _native_panels(x, w):
-            native = _native()
             panels = self._derived("panels", lambda w: native.pack_panels(w.detach()))
             return native.panel_linear_plan(w, _detached(b), activation, packed=panels)
         if w.dtype == torch.float32 and _native_rows(x, w):  # a decoding step's few rows: the weight read once
-            return _native().rows_linear_plan(w.detach().t(), _detached(b), activation)
+            return native.rows_linear_plan(w.detach().t(), _detached(b), activation)
         if self.few_rows_only:  # as nn.Linear (torch's BLAS), without cpu_gemm.linear's per-call checks
             return lambda x: _activate(F.linear(x, w, b), activation)
         if w.dtype == torch.float32 and cpu_gemm.fp32_inference_backend() == "onednn":  # every fp32 layer, by size
@@ -308,7 +307,7 @@ def _block_settings() -> tuple:
     if kept is not None and kept[0] == epoch and epoch:
         return kept[1]
     settings = (torch.is_autocast_enabled("cpu"), cpu_gemm.fp32_inference_backend(), torch.get_num_threads(),
-                _native().library() is not None)
+                native.library() is not None)
     _frozen.settings = (epoch, settings)
     return settings
 
@@ -319,19 +318,10 @@ def frozen_block() -> int:
     return _frozen.epoch
 
 
-def _native() -> ModuleType:
-    """The module :mod:`aiayn.accel.cpu.native`, imported here rather than at the top: it imports the attention core,
-    which imports this module."""
-    from aiayn.accel.cpu import native
-
-    return native
-
-
 def _native_rows(x: Tensor, w: Tensor) -> bool:
     """Whether ``aiayn.accel.cpu.native.rows_linear`` serves fp32 input ``x`` (..., in) times the weight ``w``
     (out, in): at most ``native.MAX_LINEAR_ROWS`` rows, a column-major weight (:mod:`aiayn.accel.cpu.layout`), the
     kernels built."""
-    native = _native()
     return (x.numel() <= native.MAX_LINEAR_ROWS * x.shape[-1] and w.dim() == 2 and w.stride(0) == 1
             and native.library() is not None)
 
@@ -342,7 +332,6 @@ def _native_panels(x: Tensor, w: Tensor) -> bool:
     ``native.PANEL_FEW_ROWS_MIN_FEATURES`` wide in and out) and ``native.PANEL_MIN_MACS`` multiply-adds, where
     ``native.panel_linear_preferred()`` (AVX2 without AVX-512, the kernels built); not for an inference-tensor weight
     (no version counter tells a stale packed copy)."""
-    native = _native()
     rows = x.numel() // max(x.shape[-1], 1)
     min_rows = 2 if w.dim() == 2 and min(w.shape) >= native.PANEL_FEW_ROWS_MIN_FEATURES else native.PANEL_MIN_ROWS
     return (rows >= min_rows and rows * w.numel() >= native.PANEL_MIN_MACS and w.dim() == 2
@@ -431,7 +420,7 @@ def use_fast_cpu_linears(model: nn.Module, decoding: bool = False) -> nn.Module:
     :func:`aiayn.accel.cpu.layout.cpu_inference_layout` with ``decoding``.
     """
     everywhere = cpu_gemm.fp32_inference_backend() == "onednn"
-    if not everywhere and not (decoding and _native().library() is not None):
+    if not everywhere and not (decoding and native.library() is not None):
         return model
     for module in model.modules():
         for name, child in list(module.named_children()):
