@@ -4,7 +4,8 @@ At small sizes a decoding step's time goes mostly to the work between kernels (P
 this counts the operations a step makes: every operator call that reaches torch's dispatcher (a
 ``TorchDispatchMode``), charged to the innermost module running it (forward hooks), or to "outside any module" (the
 search loop, the steppers). A step's count is the difference between two decodes of different lengths, divided by
-the steps between them, so that the encoder, the prefill and the search's start and end cancel out.
+the steps between them, so that the encoder, the prefill and the search's start and end cancel out; a first, uncounted
+decode leaves out what a model does once (packing its weights, choosing its kernels).
 
 The share of time in operators is the profiler's self CPU time of every operator over the wall time of that
 profiled decode; the decode's time without the profiler is the median of ``--runs``. The totals leave out the one
@@ -110,6 +111,8 @@ def lm_model() -> nn.Module:
 def count(model: nn.Module, decode: Callable[[nn.Module, int], Callable[[], Any]]) -> Counter[str]:
     """Operations per decoder step, by module (LONG-step decode less SHORT-step decode, over LONG - SHORT)."""
     totals = []
+    with torch.no_grad():  # once first: packed copies and kernel plans made by a model's first decode do not count
+        decode(model, SHORT)()
     for steps in (SHORT, LONG):
         run = decode(model, steps)
         counter = OpCounter(model)
