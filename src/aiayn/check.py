@@ -25,14 +25,18 @@ import torch
 from torch import Tensor, nn
 
 from aiayn import accel
+from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.config import ModelConfig
+from aiayn.demos.copy_task import CopyTask
 from aiayn.errors import AiaynError
 from aiayn.generate.choosers import greedy_chooser
 from aiayn.generate.steppers import LMStepper, Seq2SeqStepper, eval_mode
+from aiayn.models.build import build_model
 from aiayn.models.decoder import DecoderModel
 from aiayn.models.encoder import EncoderModel
 from aiayn.models.seq2seq import EncoderDecoderModel
 from aiayn.tokenize import NUM_SPECIAL
+from aiayn.train.trainer import TrainConfig, train
 
 TOLERANCE = 1e-4
 
@@ -249,10 +253,6 @@ def check_resume(*, steps: int = 12) -> CheckResult:
     """A tiny copy-task training run of ``steps`` steps on the CPU, against the same run interrupted after its
     checkpoint at ``steps // 2`` and resumed from it. On the CPU every kernel is deterministic, so the two must be
     bit-identical (CUDA's atomic adds would blur that; saving and resuming do not depend on the device)."""
-    from aiayn.checkpoint import load_training_state, read_state_dict
-    from aiayn.demos.copy_task import CopyTask
-    from aiayn.train.trainer import TrainConfig, train
-
     class StoppingTask(CopyTask):
         """The copy task whose data stops (as a killed process would) once ``stop_after`` batches were drawn."""
 
@@ -343,8 +343,6 @@ def kernels_in_use(model: nn.Module, accel_setting: str | None = None) -> dict[s
 def _reference_copy(model: nn.Module) -> nn.Module:
     """A reference-core copy of ``model`` with the same weights: the accelerator's kernels, packed layers and layouts
     undone (built anew from the config, then the state dict loaded)."""
-    from aiayn.models.build import build_model
-
     ref = build_model(model.config, init=False).to(next(model.parameters()).device)
     ref.load_state_dict({k: v.contiguous() for k, v in model.state_dict().items()})
     return ref

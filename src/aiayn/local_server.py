@@ -208,7 +208,7 @@ def h11_protocol(header_timeout: float) -> type:
     of the next, ``h11_max_incomplete_event_size`` bounds a head's size (16 KiB) but not its time, and nothing runs
     on a connection that never sent a byte.
     """
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # optional: uvicorn
 
     class HeadDeadline(H11Protocol):
         """uvicorn's H11Protocol that closes a connection whose request head is late."""
@@ -247,7 +247,7 @@ def uvicorn_config(app: Any, header_timeout: float, **options: Any) -> Any:
     (:func:`h11_protocol`), idle keep-alive connections closed after 5 s, and no proxy headers believed (nothing
     stands in front of a local server: a request's scheme and client are its socket's). ``options``: other uvicorn
     settings (log_level, ...), which override these."""
-    import uvicorn
+    import uvicorn  # optional: uvicorn
 
     settings: dict[str, Any] = {"timeout_keep_alive": 5, "proxy_headers": False, "log_level": "warning", **options}
     return uvicorn.Config(app, http=h11_protocol(header_timeout), **settings)

@@ -145,7 +145,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             its checkpoints (names them); int8 with a dtype other than float32; fp16 on the CPU; a model that needs
             more memory than this process may use (said before it is read where the sizes are known).
     """
-    from aiayn.nn.precision import inference_dtype
+    from aiayn.nn.precision import inference_dtype  # lazy: aiayn --help loads pretrained, not precision
 
     dtype = inference_dtype(dtype)
     if int8 and dtype != torch.float32:
@@ -183,7 +183,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
         if int8:
             model = quantize_int8(model)
         elif dtype != torch.float32:
-            from aiayn.nn.precision import cast_for_inference
+            from aiayn.nn.precision import cast_for_inference  # lazy: aiayn --help loads pretrained, not precision
 
             cast_for_inference(model, dtype)
     accelerate(model, "decode", accel)

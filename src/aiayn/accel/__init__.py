@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 from torch import nn
@@ -59,22 +60,22 @@ def accelerate(model: nn.Module, purpose: str, accel: str | None = None) -> nn.M
     if param is None:
         return model
     if param.device.type == "cuda":  # the core's torch kernels, and a decoding step replayed as a CUDA graph
-        from aiayn.accel.compiled import compile_decoding, unsupported
+        from aiayn.accel.compiled import compile_decoding, unsupported  # lazy: entry point loads no accel submodule
 
         if purpose == "decode" and unsupported(model) is None:
             compile_decoding(model)
         return model
     if param.device.type != "cpu":
         return model
-    from aiayn.accel import cpu
+    from aiayn.accel import cpu  # lazy: entry point loads no accel submodule
 
     return cpu.for_training(model) if purpose == "train" else cpu.for_decoding(model)
 
 
 def describe(model: nn.Module) -> dict[str, int]:
     """What of the accelerator runs in ``model``: the kernel in each seam (``"MultiHeadAttention.attention_kernel=
-    cpu_attention_kernel"``) and each accelerator module (``"PackedLinear"``), with how many modules have it; empty for
-    the reference core."""
+    cpu_attention_kernel"``) and each accelerator module (``"PackedLinear"``), with how many modules have it, the
+    model's own ``decoding_scope`` last; empty for the reference core."""
     counts: dict[str, int] = {}
 
     def count(key: str) -> None:
@@ -83,7 +84,7 @@ def describe(model: nn.Module) -> dict[str, int]:
     compiler = getattr(model, "step_compiler", None)
     if compiler is not None:
         count(f"decoding step={compiler!r}")
-    for m in model.modules():
+    for m in [*model.modules()][1:] + [model]:  # the model's own seam (the scope around a step) last
         if type(m).__module__.startswith("aiayn.accel."):
             count(type(m).__name__)
         for seam in SEAMS.get(type(m).__name__, ()):
@@ -95,7 +96,8 @@ def describe(model: nn.Module) -> dict[str, int]:
 
 #: the kernel seams of the core, by module class name (attributes that are None in the reference)
 SEAMS = {"MultiHeadAttention": ("attention_kernel",),
-         "LMHead": ("loss_kernel", "greedy_kernel", "row_top_kernel")}
+         "LMHead": ("loss_kernel", "greedy_kernel", "row_top_kernel"),
+         **{model: ("decoding_scope",) for model in ("EncoderDecoderModel", "DecoderModel", "EncoderModel")}}
 
 
 def setup_process(accel: str | None = None) -> bool:
@@ -103,7 +105,7 @@ def setup_process(accel: str | None = None) -> bool:
     acceleration on, freed memory is kept for reuse (:mod:`aiayn.accel.cpu.allocator`). Returns whether it applied."""
     if resolve(accel) == "none":
         return False
-    from aiayn.accel.cpu import allocator
+    from aiayn.accel.cpu import allocator  # lazy: entry point loads no accel submodule
 
     return allocator.keep_freed_memory()
 
@@ -111,8 +113,6 @@ def setup_process(accel: str | None = None) -> bool:
 def release_workspace() -> None:
     """Free the accelerator's per-thread training buffers (the fused loss's), e.g. when training ends; they are made
     again on next use."""
-    import sys
-
     fused_loss = sys.modules.get("aiayn.accel.cpu.fused_loss")
     if fused_loss is not None:
         fused_loss.release_workspace()
@@ -121,21 +121,21 @@ def release_workspace() -> None:
 def compile_decoding(model: nn.Module, mode: str | None = None, backend: str = "inductor") -> nn.Module:
     """Decode with ``torch.compile`` of the core's step over a static cache
     (:func:`aiayn.accel.compiled.compile_decoding`)."""
-    from aiayn.accel.compiled import compile_decoding as compile_step
+    from aiayn.accel.compiled import compile_decoding as compile_step  # lazy: entry point loads no accel submodule
 
     return compile_step(model, mode, backend)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """An int8 copy of ``model`` for CPU inference (:func:`aiayn.accel.cpu.quantize.quantize_int8`)."""
-    from aiayn.accel.cpu.quantize import quantize_int8 as quantize
+    from aiayn.accel.cpu.quantize import quantize_int8 as quantize  # lazy: entry point loads no accel submodule
 
     return quantize(model)
 
 
 def native_kernels_available() -> bool:
     """Whether the CPU accelerator's compiled kernels are built and on here (a C compiler was found)."""
-    from aiayn.accel.cpu import native
+    from aiayn.accel.cpu import native  # lazy: entry point loads no accel submodule
 
     return native.library() is not None
 
@@ -143,7 +143,7 @@ def native_kernels_available() -> bool:
 @contextlib.contextmanager
 def native_kernels(on: bool) -> Iterator[None]:
     """The CPU accelerator's compiled kernels on or off for the block (off: its torch paths, the same numerics)."""
-    from aiayn.accel.cpu.settings import overridden
+    from aiayn.accel.cpu.settings import overridden  # lazy: entry point loads no accel submodule
 
     with overridden(native=on):
         yield

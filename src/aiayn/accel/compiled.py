@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from aiayn.accel import describe
+
 Step = Callable[..., torch.Tensor]
 
 
@@ -30,8 +32,6 @@ def unsupported(model: nn.Module) -> str | None:
         return "linear attention keeps a running state, not a static KV cache"
     if config.attention_mask != "dense":
         return f"attention_mask={config.attention_mask!r} is made per length, not per slot"
-    from aiayn.accel import describe
-
     kernels = [name for name in describe(model) if not name.startswith("decoding step=")]
     if kernels:
         return (f"the CPU accelerator's kernels ({', '.join(kernels)}) do not trace; compile the reference core "

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from aiayn.checkpoint import periodic_checkpoints, write_average
 from aiayn.cli.values import device_name, number, output_file, whole
-from aiayn.errors import AiaynError
+from aiayn.config import ModelConfig
+from aiayn.errors import AiaynError, where
+from aiayn.generate.inputs import ON_LONG, check_lengths, check_unknown, input_name, is_blank
+from aiayn.generate.translate import DECODE_DEFAULTS, max_output_length, source_ids, source_limit
+from aiayn.models.build import build_model
+from aiayn.pretrained import load_pretrained, refuse_run_folder
+from aiayn.threads import announce_threads
 
 REGISTRY: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
 
@@ -27,7 +37,7 @@ def _read_input(path: str | None) -> list[str]:
     """The lines of ``path`` (plain or .gz), or of stdin for ``None`` and ``-``, without their line ends."""
     if path is None or path == "-":
         return [line.rstrip("\n").removesuffix("\r") for line in sys.stdin]
-    from aiayn.data.text_io import read_lines
+    from aiayn.data.text_io import read_lines  # lazy: loaded when the command runs
 
     return read_lines(path)
 
@@ -44,8 +54,6 @@ def _add_decode_args(p: argparse.ArgumentParser, batch_help: str = "sentences de
 
 def _add_on_long_arg(p: argparse.ArgumentParser, what: str) -> None:
     """``--on-long``: what an input longer than the model takes does (see :mod:`aiayn.generate.inputs`)."""
-    from aiayn.generate.inputs import ON_LONG
-
     p.add_argument("--on-long", choices=ON_LONG, default="warn",
                    help=f"an input longer than the model takes: warn (default: {what}, and a warning on stderr "
                         "names the input, its length in tokens and the model's limit), error (stop before decoding "
@@ -80,9 +88,7 @@ def _add_attention_arg(p: argparse.ArgumentParser, what: str) -> None:
 def write_attention(path: str, pre: Any, texts: list[str], **options: Any) -> None:
     """Write ``{"records": [...]}`` to ``path``: one full-precision inspection record per text (None for a blank
     one; :func:`aiayn.inspect.inspect_text`)."""
-    import json
-
-    from aiayn.data.text_io import atomic_write_text
+    from aiayn.data.text_io import atomic_write_text  # lazy: loaded when the command runs
     from aiayn.inspect import inspect_text
 
     records = [inspect_text(pre, t, digits=None, **options) if t.strip() else None for t in texts]
@@ -100,9 +106,7 @@ def _add_ensemble_checkpoint_arg(p: argparse.ArgumentParser) -> None:
 def _load(args: argparse.Namespace, directory: str | None = None):
     """Load ``--checkpoint`` (or ``directory``) on ``--device`` (``auto`` means the CPU with ``--int8``),
     int8-quantized or cast to ``--dtype`` if asked."""
-    from aiayn.devices import pick_device
-    from aiayn.pretrained import load_pretrained
-    from aiayn.threads import announce_threads
+    from aiayn.devices import pick_device  # lazy: loaded when the command runs
 
     device = "cpu" if args.int8 and args.device == "auto" else device_name(args.device)
     loaded = load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype)
@@ -149,14 +153,14 @@ def _train(p: argparse.ArgumentParser) -> None:
                         "(docs/distributed.md)")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.tasks.registry import run_recipe
+        from aiayn.tasks.registry import run_recipe  # lazy: loaded when the command runs
 
         if args.nproc == 1:
             run_recipe(args.recipe, args.overrides, resume=args.resume)
             return 0
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
-        from aiayn.program import RESUME_COMMAND_VAR, command
+        from aiayn.program import RESUME_COMMAND_VAR, command  # lazy: loaded when the command runs
         from aiayn.train.distributed import launch
 
         # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS), and the
@@ -216,10 +220,7 @@ def _translate_lines(loaded: list, args: argparse.Namespace, lines: list[str], n
     ``--on-long`` (warnings and errors name ``source:line``), and lines more than 10% of whose tokens are unknown to
     the tokenizer are warned about.
     """
-    from aiayn.errors import where
-    from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
-    from aiayn.generate.translate import max_output_length, source_ids, source_limit
-    from aiayn.tasks.translation import translate_texts
+    from aiayn.tasks.translation import translate_texts  # lazy: loaded when the command runs
 
     pre = loaded[0]
     if pre.meta.get("lowercase"):
@@ -259,8 +260,7 @@ def _decode_settings(saved: dict, args: argparse.Namespace, vocab_size: int, n_b
     Raises:
         AiaynError: naming the option, or ``config.json``'s key, and the fix.
     """
-    from aiayn.generate.translate import DECODE_DEFAULTS
-    from aiayn.train.recipe import section_problems
+    from aiayn.train.recipe import section_problems  # lazy: loaded when the command runs
 
     if not isinstance(saved, dict):
         saved = {"decode": saved}  # reported below as an unknown key
@@ -297,7 +297,7 @@ def _write_output(path: str | None, lines: list[str]) -> None:
         for line in lines:
             print(line)
         return
-    from aiayn.data.text_io import write_lines
+    from aiayn.data.text_io import write_lines  # lazy: loaded when the command runs
 
     write_lines(path, lines)
 
@@ -337,15 +337,13 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
                              "model")
         if not args.data:
             raise AiaynError(f"evaluating a {pre.task} checkpoint needs --data FILE")
-        import json
-
-        from aiayn.evaluate.run import evaluate_classifier, evaluate_lm
+        from aiayn.evaluate.run import evaluate_classifier, evaluate_lm  # lazy: loaded when the command runs
 
         if pre.task == "lm":
             result = evaluate_lm(pre, args.data, context=args.context, stride=args.stride,
                                  batch_size=args.batch_size, progress=True)
         elif pre.task == "image_classification":
-            from aiayn.tasks.image_classification import evaluate_images
+            from aiayn.tasks.image_classification import evaluate_images  # lazy: loaded when the command runs
 
             result = evaluate_images(pre, args.data, batch_size=args.batch_size)
             print(result.pop("confusion_text", ""))
@@ -359,9 +357,7 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
-    import json
-
-    from aiayn.data.text_io import read_lines
+    from aiayn.data.text_io import read_lines  # lazy: loaded when the command runs
     from aiayn.evaluate.bleu import corpus_bleu, corpus_chrf, tokenized_lowercase_bleu
 
     if not args.src or not args.ref:
@@ -398,7 +394,7 @@ def _demo(p: argparse.ArgumentParser) -> None:
         if args.steps is not None and args.steps < 1:
             raise AiaynError(f"--steps must be at least 1, got {args.steps}")
         if args.which == "copy":
-            from aiayn.demos.copy_task import run_copy_demo
+            from aiayn.demos.copy_task import run_copy_demo  # lazy: loaded when the command runs
 
             metrics = run_copy_demo(args.out or "runs/copy", steps=args.steps or 400, seed=args.seed)
             if metrics["exact_match"] < 1.0:
@@ -406,7 +402,7 @@ def _demo(p: argparse.ArgumentParser) -> None:
                       f"needs; more steps (--steps {2 * (args.steps or 400)}) usually get there", file=sys.stderr)
                 return 1
             return 0
-        from aiayn.demos.translation import STEPS, run_translation_demo, shortfall
+        from aiayn.demos.translation import STEPS, run_translation_demo, shortfall  # lazy: loaded when the command runs
 
         metrics = run_translation_demo(args.out or "runs/demo", seed=args.seed, max_steps=args.steps or STEPS)
         why = shortfall(metrics)
@@ -433,9 +429,6 @@ def _average(p: argparse.ArgumentParser) -> None:
                         "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.checkpoint import periodic_checkpoints, write_average
-        from aiayn.pretrained import refuse_run_folder
-
         if bool(args.run_dir) == bool(args.checkpoints):
             raise AiaynError("give either checkpoint directories or --run DIR (with --last N), not both or neither")
         if args.last is not None and not args.run_dir:
@@ -469,7 +462,7 @@ def _data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, help="mirror URL (http(s):// or file://) holding the same files")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.data.download import download_multi30k
+        from aiayn.data.download import download_multi30k  # lazy: loaded when the command runs
 
         for path in download_multi30k(Path(args.dest), base_url=args.base_url):
             print(path)
@@ -494,17 +487,11 @@ def _check(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
 
     def run(args: argparse.Namespace) -> int:
-        import torch
-
-        from aiayn.check import format_report, kernels_in_use, run_checks
-        from aiayn.config import ModelConfig
+        from aiayn.check import format_report, kernels_in_use, run_checks  # lazy: loaded when the command runs
         from aiayn.devices import pick_device
-        from aiayn.models.build import build_model
 
         device = pick_device(device_name(args.device))
         if args.checkpoint:
-            from aiayn.pretrained import load_pretrained
-
             # the reference; the checks accelerate copies of it
             model = load_pretrained(args.checkpoint, device, accel="none").model
             what = args.checkpoint

@@ -29,7 +29,7 @@ def _convert(p: argparse.ArgumentParser) -> None:
                         "the same names, and nothing else there is changed or removed")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.hf import from_hf, to_hf
+        from aiayn.hf import from_hf, to_hf  # lazy: loaded when the command runs
 
         if args.from_hf:
             out = from_hf(args.from_hf, args.out, overwrite=args.overwrite, tokenizer=not args.no_tokenizer)

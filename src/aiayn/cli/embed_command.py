@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 
+import numpy as np
+
 from aiayn.cli.commands import _add_load_args, _add_on_long_arg, _load, _read_input, _warn, command
 from aiayn.cli.values import output_file, whole
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, where
+from aiayn.files import atomic_write_bytes, atomic_write_text
+from aiayn.generate.inputs import check_lengths, check_unknown, input_name
+from aiayn.tasks.embedding import POOLINGS, embed_ids, empty_warnings, encode_texts, long_effect, settings
 
 FORMATS = (".npy", ".jsonl")
 
@@ -21,8 +27,6 @@ FORMATS = (".npy", ".jsonl")
                   "sentence-transformers does), so row i is always line i; a line longer than the model takes is "
                   "cut and named on stderr (--on-long).")
 def _embed(p: argparse.ArgumentParser) -> None:
-    from aiayn.tasks.embedding import POOLINGS
-
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint directory: task embedding (aiayn convert --from-hf of a sentence-transformers "
                         "folder, a BertModel, LlamaModel, MistralModel or Qwen2Model), or an lm, mlm or "
@@ -42,10 +46,6 @@ def _embed(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.errors import where
-        from aiayn.generate.inputs import check_lengths, check_unknown, input_name
-        from aiayn.tasks.embedding import embed_ids, empty_warnings, encode_texts, long_effect, settings
-
         _check_output(args.output)
         pre = _load(args)
         s = settings(pre, args.pooling, args.normalize, args.checkpoint)
@@ -76,17 +76,11 @@ def _check_output(path: str | None) -> None:
 
 def _write_vectors(path: str | None, vectors) -> None:  # vectors: (N, D) float32 numpy array
     """Write the vectors to ``path`` (.npy or .jsonl, atomically) or as JSON lines to stdout."""
-    from aiayn.files import atomic_write_bytes, atomic_write_text
-
     if path is None or path == "-":
         for row in vectors.tolist():
             print(json.dumps(row))
         return
     if path.endswith(".npy"):
-        import io
-
-        import numpy as np
-
         buffer = io.BytesIO()
         np.save(buffer, vectors)
         atomic_write_bytes(path, buffer.getvalue())

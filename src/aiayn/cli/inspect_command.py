@@ -9,6 +9,7 @@ from typing import Any
 from aiayn.cli.commands import _add_load_args, _load, command
 from aiayn.cli.values import number, output_file, utf8_text, whole
 from aiayn.errors import AiaynError
+from aiayn.output_folder import PICTURES, check_output_folder
 
 #: what the explorer shows when no input is given, by task
 EXAMPLES = {"translation": "A man is riding a bicycle.", "lm": "To be, or not to be",
@@ -48,11 +49,9 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.inspect import inspect_text, write_html
+        from aiayn.inspect import inspect_text, write_html  # lazy: loaded when the command runs
 
         if args.png:  # refuse a folder before the model is loaded
-            from aiayn.output_folder import PICTURES, check_output_folder
-
             check_output_folder(args.png, PICTURES, overwrite=args.overwrite, sources=[args.checkpoint])
         output_file(args.html, "--html")
         pre = _load(args)
@@ -62,7 +61,7 @@ def _inspect(p: argparse.ArgumentParser) -> None:
                              f"give a beam of at most {tgt.vocab_size}")
         image = pre.config.input == "patches"
         if image:
-            from aiayn.inspect.image import inspect_image
+            from aiayn.inspect.image import inspect_image  # lazy: loaded when the command runs
 
             if not (args.input or args.text):
                 raise AiaynError(f"{args.checkpoint}: reads images; give the image to inspect with -i IMAGE.png")
@@ -76,14 +75,14 @@ def _inspect(p: argparse.ArgumentParser) -> None:
             print(f"wrote {write_html(record, args.html)}")
             return 0
         if args.png:
-            from aiayn.inspect.image import image_pictures
+            from aiayn.inspect.image import image_pictures  # lazy: loaded when the command runs
             from aiayn.inspect.pictures import save_pictures
 
             files = save_pictures(record, args.png, overwrite=args.overwrite, sources=[args.checkpoint],
                                   more=image_pictures if image else None)
             print(f"wrote {len(files)} pictures into {args.png}")
             return 0
-        from aiayn.inspect.server import Limits, serve
+        from aiayn.inspect.server import Limits, serve  # lazy: loaded when the command runs
         from aiayn.local_server import is_loopback
 
         if not is_loopback(args.host):
@@ -99,7 +98,7 @@ def _inspect(p: argparse.ArgumentParser) -> None:
 def _example(pre: Any) -> str:
     """What the explorer shows without an input: the task's example, or, where the checkpoint's vocabulary does not
     know all of its words (the demo's synthetic grammar), the first of the demo's sentences that it knows whole."""
-    from aiayn.demos.translation import DEMO_SENTENCES
+    from aiayn.demos.translation import DEMO_SENTENCES  # lazy: the demo loads the trainer
 
     candidates = [EXAMPLES.get(pre.task, "the cat sat on the mat")]
     if pre.task == "translation":
@@ -114,7 +113,7 @@ def _example(pre: Any) -> str:
 
 def _first_line(path: str) -> str:
     """The first non-blank line of a UTF-8 file (an AiaynError naming the file otherwise)."""
-    from aiayn.data.text_io import read_lines
+    from aiayn.data.text_io import read_lines  # lazy: loaded when the command runs
 
     for line in read_lines(path):
         if line.strip():

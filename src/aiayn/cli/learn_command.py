@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +45,19 @@ def _learn(p: argparse.ArgumentParser) -> None:
                                        "solution replaced by raise NotImplementedError, for you to write.")
     begin.add_argument("dir", metavar="DIR", help="a new or existing folder")
     begin.add_argument("--overwrite", action="store_true", help="replace the course's notebooks already in DIR")
-    from aiayn.cli.main import _add_global_options  # local: main imports this module to register the command
+    from aiayn.cli.main import _add_global_options  # cycle: aiayn.cli.main imports this module
 
     for action in sub.choices.values():  # --threads and --accel after the action too, as after any command
         _add_global_options(action)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn import learn
+        from aiayn import learn  # lazy: loaded when the command runs
 
         if args.action == "status":
             print(learn.status())
             return 0
         if args.action == "start":
-            from aiayn.learn.notebooks import start
+            from aiayn.learn.notebooks import start  # lazy: loaded when the command runs
 
             written = start(args.dir, overwrite=args.overwrite)
             print(f"wrote {len(written)} notebooks into {args.dir}; open {written[0].name} in Jupyter")
@@ -91,8 +92,6 @@ def _load_file(path: str) -> dict[str, Any]:
     except SyntaxError as e:
         raise AiaynError(f"{path}:{e.lineno}: syntax error: {e.msg}; fix it and run the check again") from e
     except Exception as e:  # the learner's file may raise anything while it runs
-        import traceback
-
         frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == file.resolve()
                   or f.filename == str(file)]
         line = f":{frames[-1].lineno}" if frames else ""

@@ -16,7 +16,8 @@ from aiayn.cli.commands import (
     write_attention,
 )
 from aiayn.cli.values import number, output_file, utf8_text, whole
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, where
+from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
 
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -45,8 +46,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.generate.inputs import check_lengths, input_name
-        from aiayn.tasks.lm import generate_text
+        from aiayn.tasks.lm import generate_text  # lazy: loaded when the command runs
         from aiayn.tokenize.text_codec import codec_from_meta
 
         output_file(args.attention, "--attention")
@@ -106,7 +106,7 @@ def _generate(p: argparse.ArgumentParser) -> None:
 def _read_prompt_file(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
-    from aiayn.data.lm import read_text
+    from aiayn.data.lm import read_text  # lazy: loaded when the command runs
 
     return read_text(path)
 
@@ -128,13 +128,11 @@ def _classify(p: argparse.ArgumentParser) -> None:
     _add_load_args(p)
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.errors import where
-        from aiayn.evaluate.predict import display_labels, predict_proba
-        from aiayn.generate.inputs import check_lengths, check_unknown, input_name, is_blank
+        from aiayn.evaluate.predict import display_labels, predict_proba  # lazy: loaded when the command runs
 
         pre = _load(args)
         if pre.task == "image_classification":
-            from aiayn.tasks.image_classification import classify_files
+            from aiayn.tasks.image_classification import classify_files  # lazy: loaded when the command runs
 
             for line in classify_files(pre, args.input, args.batch_size):
                 print(line)

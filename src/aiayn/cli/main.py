@@ -6,12 +6,13 @@ import argparse
 import os
 import sys
 
+from aiayn import __version__
 from aiayn.errors import AiaynError
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered by the ``aiayn.cli`` modules."""
-    from aiayn.cli import (
+    from aiayn.cli import (  # lazy: --version answers without torch
         commands,
         convert_command,  # noqa: F401  (registers convert)
         embed_command,  # noqa: F401  (registers embed)
@@ -40,15 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     """The version of the aiayn that runs (``aiayn.__version__``, kept equal to pyproject.toml's)."""
-    from aiayn import __version__
-
     return __version__
 
 
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
     """The options every command takes, on the main parser and on each command's (absent unless given, so that one
     given before the command is not reset by the command's parser)."""
-    from aiayn import accel
+    from aiayn import accel  # lazy: --version answers without torch
 
     parser.add_argument("--accel", choices=accel.CHOICES, default=argparse.SUPPRESS,
                         help="acceleration: auto (default, or $AIAYN_ACCEL) or none (the reference modules only)")
@@ -102,7 +101,7 @@ def address_space_problem(limit: int | None = None) -> str | None:
     """Why this process cannot run a command: an address-space limit (``ulimit -v``; ``limit`` bytes, None: this
     process's own) below :data:`MIN_ADDRESS_SPACE`; else None."""
     try:
-        import resource
+        import resource  # optional: a Unix module
     except ImportError:  # not a Unix system
         return None
     if limit is None:
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:  # torch itself would abort while loading, in C++, with no word of why
         print(f"aiayn: error: {problem}", file=sys.stderr)
         return 2
-    from aiayn import accel, threads
+    from aiayn import accel, threads  # lazy: --version answers without torch
 
     start = threads.sample()  # other processes' CPU use is measured from here to the command's start
     parser = build_parser()
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal the trainer handled (aiayn.train.stop_signals)
-        from aiayn.program import RESUME_COMMAND_VAR
+        from aiayn.program import RESUME_COMMAND_VAR  # lazy: needed only after Ctrl-C or a stop signal
         from aiayn.train.stop_signals import Stopped, exit_code
 
         if not os.environ.get(RESUME_COMMAND_VAR):  # a rank of `aiayn train --nproc`, whose launcher says it

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from aiayn.errors import AiaynError
 
 #: the largest whole number an option takes (a 64-bit signed integer: what torch's seeds and sizes hold)
@@ -90,9 +92,7 @@ def device_name(name: str, flag: str = "--device") -> str:
     Raises:
         AiaynError: not a device torch knows, or a CUDA device this machine lacks.
     """
-    import torch
-
-    from aiayn.train.train_config import device_problem
+    from aiayn.train.train_config import device_problem  # lazy: loaded when the command runs
 
     if device_problem(name) is not None:
         raise AiaynError(f"{flag} {name}: not a device; use auto, cpu, cuda, cuda:N or mps")

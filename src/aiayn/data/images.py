@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -63,7 +64,7 @@ def load_digits() -> ImageData:
         AiaynError: scikit-learn is not installed (names the extra that installs it).
     """
     try:
-        from sklearn.datasets import load_digits as sk_load_digits
+        from sklearn.datasets import load_digits as sk_load_digits  # optional: scikit-learn
     except ImportError:
         raise AiaynError(f"[data] source = {DIGITS!r} needs scikit-learn; pip install 'aiayn[vision]' (or "
                          "scikit-learn)") from None
@@ -110,11 +111,9 @@ def read_image(path: str | Path) -> torch.Tensor:
         raise AiaynError(f"{p}: no such file; check the path")
     try:
         if p.suffix.lower() == ".npy":
-            import numpy as np
-
             array = np.load(p, allow_pickle=False)
         else:
-            import matplotlib.image as mpimg
+            import matplotlib.image as mpimg  # optional: matplotlib
 
             array = mpimg.imread(p)
         x = torch.from_numpy(array.copy())

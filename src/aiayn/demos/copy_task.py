@@ -15,6 +15,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.data.batching import collate_seq2seq
+from aiayn.generate import translate
 from aiayn.models.build import build_model
 from aiayn.models.losses import label_smoothed_nll
 from aiayn.output_folder import clear_run_folder
@@ -60,8 +61,6 @@ class CopyTask:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        from aiayn.generate import translate
-
         self.model.eval()
         hyps = translate(self.model, torch.tensor(self.held_out), beam_size=1, max_len_b=SEQ_LEN + 2)
         exact = sum(h[0].tokens == ref for h, ref in zip(hyps, self.held_out))
@@ -83,8 +82,6 @@ def run_copy_demo(out_dir: str = "runs/copy", steps: int = 400, seed: int = 1) -
     clear_run_folder(out_dir)  # an earlier run of this demo; a folder of the user's is refused
     train(task, cfg)
     metrics = task.evaluate()
-    from aiayn.generate import translate
-
     examples = torch.tensor(task.held_out[:4])
     hyps = translate(task.model, examples, beam_size=1, max_len_b=SEQ_LEN + 2)
     print("\nheld-out examples (source -> greedy output):")

@@ -14,9 +14,12 @@ import torch
 
 from aiayn.data.synthetic import generate_corpus
 from aiayn.data.synthetic import translate as reference_translation
+from aiayn.evaluate.bleu import corpus_bleu
 from aiayn.output_folder import clear_run_folder
+from aiayn.pretrained import load_pretrained
 from aiayn.tasks.translation import TranslationTask, translate_texts
 from aiayn.train.trainer import TrainConfig, train
+from aiayn.viz.attention import plot_attention
 
 DEMO_RECIPE = {
     "task": "translation",
@@ -59,8 +62,6 @@ def run_translation_demo(out_dir: str = "runs/demo", seed: int = 1, max_steps: i
     threads = torch.get_num_threads()
     model = task.model.eval()
     # ---- held-out exact match with beam search, on the best checkpoint
-    from aiayn.pretrained import load_pretrained
-
     best = load_pretrained(out / "best")
     model = best.model
     src_tok, tgt_tok = best.tokenizers["src"], best.tokenizers["tgt"]
@@ -68,8 +69,6 @@ def run_translation_demo(out_dir: str = "runs/demo", seed: int = 1, max_steps: i
     test_ref = [tgt_tok.normalize(t) for _, t in corpus["test"]]
     hyps = translate_texts(model, src_tok, tgt_tok, test_src, beam=4, alpha=0.6)
     exact = sum(h == r for h, r in zip(hyps, test_ref)) / len(test_ref)
-    from aiayn.evaluate.bleu import corpus_bleu
-
     bleu = corpus_bleu(hyps, test_ref)
     print("\nbeam-search translations of held-out sentences:")
     for s, h, r in list(zip(test_src, hyps, test_ref))[:5]:
@@ -110,8 +109,6 @@ def shortfall(metrics: dict[str, float], bar: float = BAR) -> str:
 @torch.no_grad()
 def draw_cross_attention(model, src_tok, tgt_tok, sentence: str, path: Path) -> Path:
     """Greedy-translate one sentence, then draw the last decoder layer's cross-attention over the source."""
-    from aiayn.viz.attention import plot_attention
-
     hyp = translate_texts(model, src_tok, tgt_tok, [sentence], beam=1)[0]
     src = torch.tensor([src_tok.encode(sentence)])
     tgt_ids = tgt_tok.encode(hyp)

@@ -22,6 +22,7 @@ from aiayn.generate.sampling import decode_loop, greedy_choice
 from aiayn.generate.steppers import Seq2SeqStepper, Stepper, eval_mode
 from aiayn.models.seq2seq import EncoderDecoderModel
 from aiayn.tokenize import Tokenizer
+from aiayn.tokenize.pretrained import PretrainedTokenizer
 
 Models = EncoderDecoderModel | Sequence[EncoderDecoderModel]
 #: a recipe's [decode] section, and a checkpoint's decoding settings, where they name nothing
@@ -257,8 +258,6 @@ def source_ids(tok: Tokenizer, text: str, limit: int | None = None) -> list[int]
     transformers' truncation does). The built-in tokenizers' sources carry no BOS or EOS (as in training: only the
     target is framed), so their sources are the plain ``encode`` cut to ``limit``.
     """
-    from aiayn.tokenize.pretrained import PretrainedTokenizer
-
     if not isinstance(tok, PretrainedTokenizer):
         ids = tok.encode(text)
         return ids if limit is None else ids[:limit]

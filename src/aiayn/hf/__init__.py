@@ -23,11 +23,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict, save_checkpoint
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.hf import sentence
 from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported_model_types
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
+from aiayn.hf.vocab import read_tokenizer
+from aiayn.models.build import build_model
+from aiayn.output_folder import CHECKPOINT, TRANSFORMERS, check_output_folder
+from aiayn.tokenize import load_tokenizer
 
 __all__ = ["FAMILIES", "Family", "from_hf", "register", "resolve_source", "supported_model_types", "to_hf"]
 
@@ -55,7 +60,7 @@ def resolve_source(path_or_name: str | Path) -> Path:
         raise AiaynError(f"{name}: no such folder; pass a transformers model folder (config.json, weights and "
                          "tokenizer files) or a Hugging Face Hub name such as openai-community/gpt2")
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # optional: huggingface_hub
     except ImportError:
         raise AiaynError(f"{name}: no such folder, and reading a Hub name needs the huggingface_hub package; "
                          "install it, or download the model folder and pass its path") from None
@@ -122,11 +127,6 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
             ``out`` is the source (or inside it, or around it), or a folder of something else and ``overwrite`` is
             false.
     """
-    from aiayn.checkpoint import save_checkpoint
-    from aiayn.hf.vocab import read_tokenizer
-    from aiayn.models.build import build_model
-    from aiayn.output_folder import CHECKPOINT, check_output_folder
-
     if not Path(path_or_name).exists():  # a Hub name: refuse a bad ``out`` before downloading
         check_output_folder(out, CHECKPOINT, overwrite=overwrite)
     folder = resolve_source(path_or_name)
@@ -220,10 +220,6 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
             gives each family's reasons); ``out`` is the checkpoint (or inside it, or around it), or a folder of
             something else and ``overwrite`` is false.
     """
-    from aiayn.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict
-    from aiayn.output_folder import TRANSFORMERS, check_output_folder
-    from aiayn.tokenize import load_tokenizer
-
     d = checkpoint_dir(checkpoint)
     into = check_output_folder(out, TRANSFORMERS, overwrite=overwrite, sources=[checkpoint, d])
     meta = load_config(d)

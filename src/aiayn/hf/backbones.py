@@ -28,14 +28,13 @@ from aiayn.hf.decoders import (
     qwen2_config_to_hf,
 )
 from aiayn.hf.family import ConfigFromHF, ConfigToHF, Family, StateDict, register
+from aiayn.hf.sentence import default_entry
 
 
 def backbone(name: str, model_type: str, hf_class: str, config_from: ConfigFromHF, config_to: ConfigToHF) -> Family:
     """The embedding family of a LLaMA-like backbone class, from the language model's config maps."""
 
     def config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        from aiayn.hf.sentence import default_entry
-
         fields, _ = config_from(hf)
         fields = {**fields, "tie_embeddings": True}  # no LM head in the folder: the unused output layer is tied
         return fields, {"max_len": fields["max_len"], "embedding": default_entry("last")}

@@ -28,6 +28,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
+from aiayn.hf.sentence import default_entry
 
 #: transformers' activation names -> aiayn's (activation, gelu_approximate)
 ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
@@ -129,8 +130,6 @@ def classifier_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
 
 def embedding_config_from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    from aiayn.hf.sentence import default_entry
-
     fields = {**_bert_fields(hf, "bert"), "tie_embeddings": True}  # the unused masked-LM output layer: the embedding
     return fields, {"max_len": fields["max_len"], "embedding": default_entry("mean")}
 

@@ -36,6 +36,8 @@ stores it under every role the task reads (lm, mlm, classification: ``text``; tr
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,8 +128,6 @@ def family_for_hf(hf: dict[str, Any], source: str = "config.json") -> Family:
 
 def _load_builtin() -> None:
     """Import the built-in families (each registers itself on import)."""
-    import importlib
-
     for module in BUILTIN_MODULES:
         importlib.import_module(module)
 
@@ -142,8 +142,6 @@ class StateReader:
     """
 
     def __init__(self, state: StateDict, ignore: tuple[str, ...] = ()) -> None:
-        import re
-
         self._state = {k: v for k, v in state.items() if not any(re.search(p, k) for p in ignore)}
         self._used: set[str] = set()
 

@@ -22,7 +22,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
 from aiayn.checkpoint.load import pickled_class
@@ -36,6 +40,7 @@ from aiayn.output_folder import (
     staging_folder,
 )
 from aiayn.tokenize import Tokenizer
+from aiayn.tokenize.base import SPECIAL_TOKENS
 from aiayn.tokenize.pretrained import read_json_object
 
 CONFIG = "config.json"
@@ -88,9 +93,6 @@ def weight_files(folder: str | Path) -> list[Path]:
 
 def _read_one(file: Path) -> dict[str, Tensor]:
     if file.suffix == ".safetensors":
-        import safetensors
-        from safetensors.torch import load_file
-
         try:
             return load_file(str(file), device="cpu")
         except (safetensors.SafetensorError, OSError, ValueError) as e:
@@ -138,11 +140,6 @@ def read_weights(folder: str | Path) -> dict[str, Tensor]:
 def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | None:
     """A Hugging Face ``tokenizers.Tokenizer`` equal to ``tok``, its special tokens by role, and whether decoding
     cleans up spaces; None for a tokenizer without such a form (the word tokenizer)."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-
-    from aiayn.tokenize.base import SPECIAL_TOKENS
-
     builtin = dict(zip(("pad", "bos", "eos", "unk", "mask"), SPECIAL_TOKENS))
     if tok.kind == "pretrained":
         return HFTokenizer.from_str(tok.hf.to_str()), tok.special_tokens, tok.clean_up
@@ -197,8 +194,6 @@ def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: 
         AiaynError: ``out`` may not be written (:func:`~aiayn.output_folder.check_output_folder`), or writing
             failed (named, with the cause).
     """
-    from safetensors.torch import save_file
-
     into = out if isinstance(out, OutputFolder) else check_output_folder(out, TRANSFORMERS)
     tmp = staging_folder(into.path)
     try:

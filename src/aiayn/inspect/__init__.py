@@ -19,6 +19,7 @@ from aiayn.inspect.capture import AttentionCapture, capture_attention
 from aiayn.inspect.page import ExplorerView, render_html, write_html
 from aiayn.inspect.record import inspect_text
 from aiayn.inspect.stepthrough import step_through
+from aiayn.pretrained import Pretrained, load_pretrained
 
 __all__ = ["AttentionCapture", "ExplorerView", "capture_attention", "inspect_text", "render_html", "show",
            "step_through", "write_html"]
@@ -34,7 +35,5 @@ def show(checkpoint: str | Path | Any, text: str, **options: Any) -> ExplorerVie
             and neuron views show the explorer's first choice unless ``steps={"kind", "layer", "head", "query"}``
             names another).
     """
-    from aiayn.pretrained import Pretrained, load_pretrained
-
     pre = checkpoint if isinstance(checkpoint, Pretrained) else load_pretrained(checkpoint)
     return ExplorerView(inspect_text(pre, text, **{"steps": True, **options}))

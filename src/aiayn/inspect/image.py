@@ -14,10 +14,13 @@ from typing import Any
 
 import torch
 
+from aiayn.data.images import image_input
 from aiayn.errors import AiaynError
+from aiayn.evaluate.predict import display_labels
 from aiayn.inspect.capture import capture_attention
 from aiayn.inspect.record import _attention, _device, _model_summary, _positions, _round
 from aiayn.pretrained import Pretrained
+from aiayn.viz.attention import _pyplot, save_figure
 
 
 def patch_tokens(n_side: int, cls_token: bool) -> tuple[list[str], list[tuple[int, int] | None]]:
@@ -42,9 +45,6 @@ def inspect_image(pre: Pretrained, image: str | Path | torch.Tensor, *, layers: 
     Raises:
         AiaynError: a checkpoint that does not read images, or an image it cannot read.
     """
-    from aiayn.data.images import image_input
-    from aiayn.evaluate.predict import display_labels
-
     c = pre.config
     if c.input != "patches":
         raise AiaynError(f"a {pre.task!r} checkpoint reads text; give it a text to inspect, not an image")
@@ -79,8 +79,6 @@ def pooled_attention(record: dict[str, Any], layer: int) -> torch.Tensor:
 def image_pictures(record: dict[str, Any], directory: str | Path) -> list[Path]:
     """Write ``image.png`` (the pixels the model read) and ``patch_attention_layer{l}.png`` per recorded layer (the
     image beside :func:`pooled_attention`) into ``directory``; returns the files."""
-    from aiayn.viz.attention import _pyplot, save_figure
-
     plt = _pyplot()
     pixels = torch.tensor(record["image"]["pixels"])  # (C, S, S)
     shown = (pixels[0] if pixels.shape[0] == 1 else pixels.permute(1, 2, 0)).numpy()  # (S, S) or (S, S, 3)

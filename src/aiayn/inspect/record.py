@@ -40,10 +40,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.config import PRESETS, ModelConfig
+from aiayn.data.classification import collate_classification
 from aiayn.errors import AiaynError
+from aiayn.evaluate.predict import display_labels, encode_for_classifier
+from aiayn.generate import translate
+from aiayn.generate.translate import DECODE_DEFAULTS, source_ids, source_limit
 from aiayn.inspect.capture import AttentionCapture, Call, capture_attention
 from aiayn.inspect.stats import head_statistics
+from aiayn.inspect.stepthrough import default_selection, step_record
 from aiayn.pretrained import Pretrained
+from aiayn.tokenize.text_codec import codec_from_meta
 
 #: how many next-token candidates a language model's record keeps (the explorer's temperature / top-k / top-p
 #: control works among them)
@@ -133,8 +140,6 @@ SIZE_FIELDS = ("d_model", "d_ff", "n_heads", "n_layers", "encoder_layers")
 
 def _preset_named(config: Any) -> tuple[str | None, str | None]:
     """(the preset ``config`` is, None when it is another size; the preset its design comes from, or None)."""
-    from aiayn.config import PRESETS, ModelConfig
-
     if config.name not in PRESETS:
         return None, None
     preset = ModelConfig.preset(config.name, vocab_size=config.vocab_size)
@@ -217,8 +222,6 @@ def inspect_text(pre: Pretrained, text: str, *, beam: int | None = None, alpha: 
         record = run(pre, text, layers=layers, digits=digits)
     record = {"input": text, "model": _model_summary(pre), **record}
     if steps:
-        from aiayn.inspect.stepthrough import default_selection, step_record
-
         chosen = default_selection(record) if steps is True else dict(steps)
         record["steps"] = step_record(pre, record["ids"], **chosen)
     return record
@@ -230,9 +233,6 @@ def _device(model: nn.Module) -> torch.device:
 
 def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float | None, layers: list[int] | None,
                  digits: int | None) -> dict[str, Any]:
-    from aiayn.generate import translate
-    from aiayn.generate.translate import DECODE_DEFAULTS, source_ids, source_limit
-
     src_tok, tgt_tok, model = pre.tokenizers["src"], pre.tokenizers["tgt"], pre.model
     decode = {**DECODE_DEFAULTS, **(pre.meta.get("decode") or {})}
     beam = int(decode["beam"] if beam is None else beam)
@@ -268,8 +268,6 @@ def _translation(pre: Pretrained, text: str, *, beam: int | None, alpha: float |
 
 def _lm(pre: Pretrained, text: str, *, layers: list[int] | None,
         digits: int | None) -> dict[str, Any]:
-    from aiayn.tokenize.text_codec import codec_from_meta
-
     model, codec = pre.model, codec_from_meta(pre.tokenizers["text"], pre.meta)
     context = min(pre.meta.get("block_size") or pre.config.max_len, pre.config.max_len)
     full = codec.encode(text)
@@ -295,9 +293,6 @@ def _lm(pre: Pretrained, text: str, *, layers: list[int] | None,
 def _encoder_ids(pre: Pretrained, text: str) -> tuple[list[int], dict[str, Any] | None, list[str]]:
     """The ids an encoder reads for ``text`` (``[BOS] tokens [EOS]`` cut to its length), the record's ``cut`` and
     its note on unknown tokens."""
-    from aiayn.data.classification import collate_classification
-    from aiayn.evaluate.predict import encode_for_classifier
-
     tok = pre.tokenizers["text"]
     max_len = int(pre.meta.get("max_len") or pre.config.max_len)
     framed = encode_for_classifier(tok, [text])  # tokens [EOS]; the collator prepends BOS
@@ -311,8 +306,6 @@ def _encoder_ids(pre: Pretrained, text: str) -> tuple[list[int], dict[str, Any] 
 
 def _classification(pre: Pretrained, text: str, *, layers: list[int] | None,
                     digits: int | None) -> dict[str, Any]:
-    from aiayn.evaluate.predict import display_labels
-
     model, tok = pre.model, pre.tokenizers["text"]
     ids, cut, unknown = _encoder_ids(pre, text)
     x = torch.tensor([ids], device=_device(model))

@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiayn.errors import AiaynError
+from aiayn.inspect import record as records
+from aiayn.inspect import stepthrough
+from aiayn.inspect.page import FAVICON_SVG, render_html
 from aiayn.local_server import AllowedHosts, LocalOnly, uvicorn_config
 
 #: the deepest nesting of arrays and objects a request body may have
@@ -174,7 +177,7 @@ def input_request(body: Any, limits: Limits, pre: Any) -> tuple[str, int | None]
 
 def answer(value: Any, status: int = 200, **headers: str) -> Any:
     """``value`` as a JSON response (a NaN or infinity the model computed is a 500 that says so)."""
-    from starlette.responses import Response
+    from starlette.responses import Response  # optional: starlette
 
     try:  # ASCII escapes: a message may quote a client's lone surrogate, which UTF-8 cannot carry
         body = json.dumps(value, ensure_ascii=status != 200, allow_nan=False, separators=(",", ":"))
@@ -190,7 +193,7 @@ def error(status: int, message: str, **headers: str) -> Any:
 
 async def read_body(request: Any, limits: Limits) -> bytes:
     """The body, or BadRequest: 413 as soon as it passes the limit (declared or streamed), 408 when it is slow."""
-    import anyio
+    import anyio  # optional: anyio (starlette's)
 
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
@@ -210,7 +213,7 @@ async def read_body(request: Any, limits: Limits) -> bytes:
 async def run_model(work: Callable[[], Any], slots: threading.BoundedSemaphore, model_lock: threading.Lock,
                     limits: Limits) -> Any:
     """``work()`` on the model in a slot, or 429 when every slot is taken; its value answered as JSON."""
-    import anyio
+    import anyio  # optional: anyio (starlette's)
 
     if not slots.acquire(blocking=False):
         return error(429, f"busy: {limits.concurrency} input(s) already running or waiting; try again in a "
@@ -245,15 +248,12 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits(), host: 
               also: tuple[str, ...] = ()) -> Any:
     """The Starlette application serving ``pre`` (a loaded checkpoint), showing the record ``first`` on its page, to
     requests for ``host`` (its ``--host``), the names ``also`` or a loopback name (:mod:`aiayn.local_server`)."""
-    from starlette.applications import Starlette
+    from starlette.applications import Starlette  # optional: starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
-
-    from aiayn.inspect import record as records
-    from aiayn.inspect.page import FAVICON_SVG, render_html
 
     slots = threading.BoundedSemaphore(limits.concurrency)
     model_lock = threading.Lock()  # a recording pass sets recorders on the one model: passes take turns
@@ -287,8 +287,6 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits(), host: 
         return await run_model(lambda: records.inspect_text(pre, text, beam=beam), slots, model_lock, limits)
 
     async def steps(request: Request) -> Response:
-        from aiayn.inspect import stepthrough
-
         selection = stepthrough.steps_request(parse_json(await read_body(request, limits)), pre, BadRequest)
         return await run_model(lambda: stepthrough.step_record(pre, **selection), slots, model_lock, limits)
 
@@ -373,7 +371,7 @@ def serve(pre: Any, first: dict[str, Any], host: str = "127.0.0.1", port: int = 
         AiaynError: the port is in use or not allowed, the address is not this machine's, or uvicorn is missing.
     """
     try:
-        import uvicorn
+        import uvicorn  # optional: uvicorn
     except ImportError:
         raise AiaynError("serving the explorer needs uvicorn and starlette: pip install 'aiayn[inspect]', or write "
                          "an offline file with --html OUT") from None

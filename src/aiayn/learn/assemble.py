@@ -289,7 +289,7 @@ class Assembled:
 
     def plot(self, ax: Any = None) -> Any:
         """The training loss per step (matplotlib); returns the axes."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: matplotlib
 
         if ax is None:
             _, ax = plt.subplots(figsize=(4.5, 2.8))

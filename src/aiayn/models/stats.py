@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
@@ -73,13 +76,9 @@ def estimated_parameters(c: ModelConfig) -> int:
 def memory_bytes(need: int = 0) -> int:
     """The memory of this machine a model may use: its RAM, plus the first GPU's memory when ``need`` bytes are more
     than the RAM and there is a GPU (asked only then, so that a check that passes never starts CUDA)."""
-    import os
-
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 2**62
     if need <= ram:
         return ram
-    import torch
-
     return ram + (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0)
 
 

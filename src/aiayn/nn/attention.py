@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from aiayn.config import ATTENTION_BACKENDS
 from aiayn.nn.cache import CrossAttnCache, SelfAttnCache
 from aiayn.nn.linear_attention import LinearAttnState, attend_linear, linear_attention_weights
+from aiayn.nn.masks import causal_mask
 from aiayn.nn.norms import RMSNorm
 from aiayn.nn.positions import apply_rotary
 
@@ -100,10 +101,10 @@ def scaled_dot_product_attention(
         if dropout_p > 0:
             raise ValueError(f"backend={backend!r} has no attention dropout: pass dropout_p=0.0")
         if backend == "tiled":
-            from aiayn.nn.tiled_attention import tiled_attention  # local: loaded only when chosen
+            from aiayn.nn.tiled_attention import tiled_attention  # lazy: loaded only when chosen
             out = tiled_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)
         else:
-            from aiayn.nn.flex import flex_attention  # local: loaded only when chosen
+            from aiayn.nn.flex import flex_attention  # cycle: aiayn.nn.flex imports attention; lazy: when chosen
             out = flex_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)
     else:
         out = (kernel or fused_attention)(q, k, v, mask, bias, dropout_p, is_causal, scale)
@@ -135,8 +136,6 @@ def _with_causal(mask: Tensor | None, is_causal: bool, t: int, s: int, device: t
     """``mask`` and, if ``is_causal``, the causal mask of T queries at the end of S keys (None: no mask at all)."""
     if not is_causal:
         return mask
-    from aiayn.nn.masks import causal_mask  # local: masks has no dependency on attention
-
     causal = causal_mask(t, s, device=device)
     return causal if mask is None else mask & causal
 

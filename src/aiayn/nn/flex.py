@@ -31,6 +31,8 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import AiaynError
+from aiayn.nn.attention import scaled_dot_product_attention
+from aiayn.nn.tiled_attention import tiled_attention
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -181,13 +183,9 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v) + ((bias,) if bias is not None else ()))
     if grad and q.device.type == "cpu":  # torch has no FlexAttention backward on the CPU
-        from aiayn.nn.tiled_attention import tiled_attention
-
         return tiled_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)
     b, h, t, _ = q.shape
     if t < _BLOCK and SETTINGS.compile:  # a decoding step: nothing to skip, and no compilation per key length
-        from aiayn.nn.attention import scaled_dot_product_attention
-
         return scaled_dot_product_attention(q, k, v, mask, bias, is_causal=is_causal, scale=scale, softcap=softcap)[0]
     blocks = _LAST.get(mask, is_causal, b, h, t, k.shape[2], q.device)
     score_mod = tensor_score_mod(bias) if bias is not None else None

@@ -40,8 +40,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.errors import AiaynError
+from aiayn.generate.inputs import check_lengths
+from aiayn.generate.translate import source_ids
 from aiayn.pretrained import EMBEDDING_POOLINGS, Pretrained, load_pretrained
 from aiayn.tokenize import Tokenizer
+from aiayn.tokenize.pretrained import PretrainedTokenizer
 
 POOLINGS = EMBEDDING_POOLINGS
 """The poolings: ``mean``, ``cls``, ``max``, ``last`` (see the module docstring)."""
@@ -105,9 +108,6 @@ def frame(tok: Tokenizer, text: str, decoder: bool, limit: int | None = None) ->
     keeps the framing and loses its last text tokens (transformers' truncation). aiayn's own tokenizers frame an
     encoder's text as ``[BOS] ... [EOS]`` (masked-LM and classifier training) and a decoder's not at all.
     """
-    from aiayn.generate.translate import source_ids
-    from aiayn.tokenize.pretrained import PretrainedTokenizer
-
     if isinstance(tok, PretrainedTokenizer):
         full = tok.encode_with_special(text)
         return (full if limit is None or len(full) <= limit else source_ids(tok, text, limit)), len(full)
@@ -241,8 +241,6 @@ def embed(checkpoint_or_pretrained: str | Path | Pretrained, texts: Sequence[str
         AiaynError: the checkpoint is missing or of another task; a text is not a string; ``on_long="error"`` and a
             text is too long (named as ``texts[i]``).
     """
-    from aiayn.generate.inputs import check_lengths
-
     if isinstance(texts, str):
         texts = [texts]
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aiayn.checkpoint import checkpoint_dir, load_config
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.train.recipe import resolve_path
@@ -47,8 +48,6 @@ def source_problems(recipe: dict[str, Any], task: str) -> tuple[Path | None, dic
         ``(directory, its config.json, problems)``: ``(None, None, [])`` when the recipe names none; each
         problem as ``[section] key=value: problem; fix``.
     """
-    from aiayn.checkpoint import checkpoint_dir, load_config
-
     name = init_from_name(recipe)
     if name is None:
         return None, None, []

@@ -10,6 +10,7 @@ reads both. A checkpoint of this task has no tokenizer; ``aiayn classify`` reads
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,21 @@ from aiayn.checkpoint import load_config
 from aiayn.config import ModelConfig
 from aiayn.data.images import (
     DIGITS,
+    IMAGE_SUFFIXES,
     ImageData,
     first_image_shape,
+    fit_image,
     image_input,
     load_digits,
     load_image_folder,
     random_shift,
     stratified_split,
 )
-from aiayn.errors import AiaynError
+from aiayn.data.text_io import read_lines
+from aiayn.errors import AiaynError, where
 from aiayn.evaluate.classification import accuracy, precision_recall_f1
+from aiayn.evaluate.predict import display_labels
+from aiayn.evaluate.run import classification_report
 from aiayn.models.build import build_model
 from aiayn.models.losses import label_smoothed_nll
 from aiayn.tasks.classification import name_labels
@@ -95,8 +101,6 @@ def _digits(channels: int, size: int) -> ImageData:
     whole = load_digits()
     if (channels, size) == (1, 8):
         return whole
-    from aiayn.data.images import fit_image
-
     images = torch.stack([fit_image(x, channels, size, src) for x, src in zip(whole.images, whole.sources)])
     return ImageData(images, whole.labels, whole.label_names, whole.sources)
 
@@ -227,8 +231,6 @@ def labelled_data(pre: Any, data: str) -> ImageData:
 def evaluate_images(pre: Any, data: str, batch_size: int = 512) -> dict[str, Any]:
     """Accuracy, per-class and macro precision/recall/F1 and the confusion matrix of an image checkpoint on
     :func:`labelled_data` (the keys of :func:`aiayn.evaluate.run.evaluate_classifier`)."""
-    from aiayn.evaluate.run import classification_report
-
     images = labelled_data(pre, data)
     probs = predict_proba(pre.model, images.images, batch_size)
     return classification_report(pre, probs, images.labels)
@@ -239,12 +241,6 @@ def image_paths(listing: str | None) -> list[tuple[str | None, str | None]]:
     line: one
     ``.png``/``.npy`` file itself, or a file (or stdin for None and ``-``) listing one image path per line, a relative
     path read from the current directory or, failing that, beside the list."""
-    import sys
-
-    from aiayn.data.images import IMAGE_SUFFIXES
-    from aiayn.data.text_io import read_lines
-    from aiayn.errors import where
-
     if listing not in (None, "-") and Path(listing).suffix.lower() in IMAGE_SUFFIXES:
         return [(None, listing)]
     if listing in (None, "-"):
@@ -267,8 +263,6 @@ def classify_files(pre: Any, listing: str | None, batch_size: int = 512) -> list
     Raises:
         AiaynError: an image the model cannot read, named by its input line and file.
     """
-    from aiayn.evaluate.predict import display_labels
-
     named = image_paths(listing)
     kept = [(i, image_input(pre, path, line)) for i, (line, path) in enumerate(named) if path is not None]
     out = [""] * len(named)

@@ -22,12 +22,16 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import checkpoint_file, load_config, load_model_state
 from aiayn.data.lm import RandomBlockSampler, load_text_corpus, split_text
 from aiayn.data.packing import PackedBlocks, pack_documents
 from aiayn.errors import AiaynError
+from aiayn.generate import lm as lm_generation
 from aiayn.models.build import build_model
 from aiayn.models.losses import IGNORE_INDEX
+from aiayn.tasks.finetune import announce, finetune_config, finetune_source
 from aiayn.tasks.translation import build_model_config
+from aiayn.tasks.vocabulary import pretrained_vocabulary
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.tokenize.text_codec import NEWLINE_SYMBOL, TextCodec, show_newlines
 from aiayn.train.recipe import resolve_path, take
@@ -89,21 +93,15 @@ class LMTask:
 
         # ---- tokenizer: reused from the checkpoint when resuming or starting from init_from (with the model
         # config), trained on the training text otherwise
-        from aiayn.tasks.finetune import announce, finetune_config, finetune_source
-
         source = None if resume_dir is not None else finetune_source(recipe, "lm")
         trained = self.tok_cfg["kind"] != "pretrained"  # a pretrained vocabulary encodes line breaks itself
         symbol = NEWLINE_SYMBOL if self.tok_cfg["newlines"] and self.tok_cfg["kind"] != "char" and trained else None
         if resume_dir is not None or source is not None:
-            from aiayn.checkpoint import checkpoint_file, load_config
-
             directory = resume_dir if source is None else source[0]
             meta = load_config(directory)
             tok = load_tokenizer(checkpoint_file(directory, meta.get("tokenizers", {}).get("text", TOKENIZER_FILE)))
             self.codec = TextCodec(tok, meta.get("newline_symbol"))
         else:
-            from aiayn.tasks.vocabulary import pretrained_vocabulary
-
             pretrained = pretrained_vocabulary(recipe, self.tok_cfg, "lm")
             self.codec = TextCodec(pretrained if pretrained is not None else self._train_tokenizer(train_docs, symbol),
                                    symbol)
@@ -125,8 +123,6 @@ class LMTask:
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
         if source is not None:
-            from aiayn.checkpoint import load_model_state
-
             load_model_state(source[0], self.model)
             announce(source[0], meta, {"eos": tok.eos_id, "pad": tok.pad_id, "bos": tok.bos_id})
 
@@ -284,8 +280,6 @@ def generate_text(model: torch.nn.Module, codec: TextCodec, prompts: Sequence[st
     Returns:
         The continuation text of each prompt (without the prompt).
     """
-    from aiayn.generate.lm import generate
-
     tok = codec.tokenizer
     limit = min(block_size or model.config.max_len, model.config.max_len)
     rows = [codec.encode(p) if p else codec.start_ids() for p in prompts]
@@ -309,7 +303,7 @@ def generate_text(model: torch.nn.Module, codec: TextCodec, prompts: Sequence[st
                 start[i] = len(rows[i]) + len(new[i]) - max(limit // 2, 1)
         ctx = [(rows[i] + new[i])[start[i]:] for i in active]
         n = min(remaining, limit - max(len(c) for c in ctx))
-        out = generate(model, ctx, max_new_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p,
+        out = lm_generation.generate(model, ctx, max_new_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p,
                        greedy=greedy, seed=None if seed is None else seed + chunk, stop_ids=(tok.eos_id,),
                        pad_id=tok.pad_id, prefix_lm=prefix_lm,
                        on_token=lambda j, t, act=tuple(active): stream(act[j], t))

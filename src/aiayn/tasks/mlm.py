@@ -24,8 +24,9 @@ from aiayn.data.text_io import read_lines
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.losses import IGNORE_INDEX, label_smoothed_nll
-from aiayn.tasks.finetune import init_from_name
+from aiayn.tasks.finetune import finetune_config, finetune_source, init_from_name
 from aiayn.tasks.translation import build_model_config
+from aiayn.tasks.vocabulary import pretrained_vocabulary
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.train.recipe import resolve_path, take
 
@@ -105,8 +106,6 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
         ``(tokenizer, model config, init_from directory or None)``; the caller loads ``init_from``'s
         weights after building the model (:func:`load_encoder_weights`), unless resuming.
     """
-    from aiayn.tasks.finetune import finetune_config, finetune_source
-
     task = "classification" if forced.get("n_classes") is not None else "mlm"
     found = None if resume_dir is not None else finetune_source(recipe, task)
     init_dir = None if found is None else found[0]
@@ -121,8 +120,6 @@ def encoder_setup(recipe: dict[str, Any], tok_cfg: dict[str, Any], train_texts: 
         return tok, config, init_dir
     section = dict(recipe["model"])
     section.pop("init_from", None)
-    from aiayn.tasks.vocabulary import pretrained_vocabulary
-
     tok = pretrained_vocabulary(recipe, tok_cfg, task)
     if tok is None:
         tok = train_tokenizer(tok_cfg["kind"], train_texts, tok_cfg["vocab_size"], **training_options(tok_cfg))

@@ -15,6 +15,11 @@ from aiayn.errors import AiaynError
 from aiayn.output_folder import check_run_folder
 from aiayn.program import RESUME_COMMAND_VAR, command
 from aiayn.tasks import recipe_checks  # noqa: F401 - registers every task's recipe checks
+from aiayn.tasks.classification import ClassificationTask
+from aiayn.tasks.image_classification import ImageClassificationTask
+from aiayn.tasks.lm import LMTask
+from aiayn.tasks.mlm import MLMTask
+from aiayn.tasks.translation import TranslationTask
 from aiayn.train.distributed import finish, init_from_env
 from aiayn.train.recipe import load_recipe, take, validate_recipe
 from aiayn.train.stop_signals import Stopped, stop_signals
@@ -37,24 +42,14 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool, local_ran
         torch.cuda.set_device(device)
     resume_dir = Path(cfg.out_dir) / "last" if resume else None
     if recipe["task"] == "translation":
-        from aiayn.tasks.translation import TranslationTask
-
         return TranslationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     if recipe["task"] == "lm":
-        from aiayn.tasks.lm import LMTask
-
         return LMTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     if recipe["task"] == "mlm":
-        from aiayn.tasks.mlm import MLMTask
-
         return MLMTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     if recipe["task"] == "classification":
-        from aiayn.tasks.classification import ClassificationTask
-
         return ClassificationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     if recipe["task"] == "image_classification":
-        from aiayn.tasks.image_classification import ImageClassificationTask
-
         return ImageClassificationTask(recipe, resume_dir=resume_dir, device=device, seed=cfg.seed)
     raise AiaynError(f"{recipe.get('_path')}: task {recipe['task']!r} is not available in this version")
 

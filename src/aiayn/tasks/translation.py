@@ -10,16 +10,21 @@ from typing import Any
 
 import torch
 
+from aiayn.checkpoint import checkpoint_file, load_config, load_model_state
 from aiayn.config import ModelConfig
 from aiayn.data.batching import collate_seq2seq, token_budget_batches
 from aiayn.data.parallel import ParallelCorpus, filter_by_token_length, load_parallel
 from aiayn.errors import AiaynError
 from aiayn.evaluate.bleu import corpus_bleu
-from aiayn.generate.translate import DECODE_DEFAULTS, source_ids
+from aiayn.generate import translate
+from aiayn.generate.translate import DECODE_DEFAULTS, seq2seq_models, source_ids, source_limit
 from aiayn.models.build import build_model
+from aiayn.tasks.finetune import announce, finetune_config, finetune_source
+from aiayn.tasks.vocabulary import pretrained_vocabulary
 from aiayn.tokenize import Tokenizer, load_tokenizer, train_tokenizer, training_options
 from aiayn.tokenize.bpe import BPETokenizer
 from aiayn.tokenize.bpe_dropout import BPEDropoutEncoder, PreparedCorpus
+from aiayn.tokenize.pretrained import PretrainedTokenizer
 from aiayn.train.recipe import resolve_path, take
 
 DATA_DEFAULTS: dict[str, Any] = {
@@ -115,9 +120,6 @@ class TranslationTask:
 
         # ---- tokenizers: reused from the checkpoint when resuming or starting from init_from (with the model
         # config), trained on the training data otherwise
-        from aiayn.tasks.finetune import announce, finetune_config, finetune_source
-        from aiayn.tasks.vocabulary import pretrained_vocabulary
-
         source = None if resume_dir is not None else finetune_source(recipe, "translation")
         if source is not None:
             self.src_tok, self.tgt_tok = load_translation_tokenizers(source[0])
@@ -139,8 +141,6 @@ class TranslationTask:
         if not joint:
             forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
         if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):
-            from aiayn.checkpoint import load_config
-
             directory = resume_dir if source is None else source[0]
             self.model_config = finetune_config(load_config(directory), recipe, str(directory))
         else:
@@ -148,8 +148,6 @@ class TranslationTask:
         torch.manual_seed(seed)
         self.model = build_model(self.model_config).to(self.device)
         if source is not None:
-            from aiayn.checkpoint import load_model_state
-
             load_model_state(source[0], self.model)
             t = self.tgt_tok
             announce(source[0], source[1], {"pad": t.pad_id, "bos": t.bos_id, "eos": t.eos_id,
@@ -178,8 +176,6 @@ class TranslationTask:
     @property
     def _frames_sources(self) -> bool:
         """Whether sources carry the tokenizer's own framing (a pretrained vocabulary's, :func:`source_ids`)."""
-        from aiayn.tokenize.pretrained import PretrainedTokenizer
-
         return isinstance(self.src_tok, PretrainedTokenizer)
 
     def _encode(self, pair: tuple[list[str], list[str]], limit: int, what: str,
@@ -293,8 +289,6 @@ class TranslationTask:
 
 def load_translation_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers saved in a translation checkpoint (the same object when joint)."""
-    from aiayn.checkpoint import checkpoint_file, load_config
-
     names = load_config(directory).get("tokenizers", {})
     src_name, tgt_name = names.get("src", JOINT_TOK), names.get("tgt", JOINT_TOK)
     src = load_tokenizer(checkpoint_file(directory, src_name))
@@ -319,9 +313,6 @@ def translate_texts(model, src_tok: Tokenizer, tgt_tok: Tokenizer, texts: list[s
     Returns:
         One string per input (``n_best == 1``), else a list of ``n_best`` strings per input.
     """
-    from aiayn.generate import translate
-    from aiayn.generate.translate import seq2seq_models, source_limit
-
     models = seq2seq_models(model)
     device = next(models[0].parameters()).device
     max_src = source_limit(models)

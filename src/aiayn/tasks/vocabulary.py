@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aiayn.checkpoint import checkpoint_file
 from aiayn.errors import AiaynError
-from aiayn.tokenize import Tokenizer
+from aiayn.tokenize import Tokenizer, load_tokenizer
+from aiayn.tokenize.pretrained import PretrainedTokenizer, read_json_object
 from aiayn.train.recipe import resolve_path
 
 #: the ``[tokenizer]`` keys a pretrained vocabulary reads (the others train a tokenizer)
@@ -33,8 +35,6 @@ def pretrained_vocabulary(recipe: dict[str, Any], section: dict[str, Any], task:
     """
     if section.get("kind") != "pretrained":
         return None
-    from aiayn.tokenize.pretrained import PretrainedTokenizer
-
     path = resolve_path(recipe, section.get("path"))
     if path is None:
         raise AiaynError("[tokenizer] kind = \"pretrained\" needs path = \"DIR\": the transformers tokenizer folder")
@@ -64,10 +64,6 @@ def pretrained_problems(section: dict[str, Any]) -> list[str]:
 def _checkpoint_tokenizer(path: Path) -> Tokenizer | None:
     """The tokenizer of an aiayn checkpoint folder (its ``text`` role, else its target's), or None for another
     folder."""
-    from aiayn.checkpoint import checkpoint_file
-    from aiayn.tokenize import load_tokenizer
-    from aiayn.tokenize.pretrained import read_json_object
-
     meta = read_json_object(path / "config.json") if path.is_dir() else None
     names = (meta or {}).get("tokenizers")
     if not isinstance(names, dict) or "task" not in meta:  # type: ignore[operator]

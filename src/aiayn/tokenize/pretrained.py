@@ -418,7 +418,7 @@ def _convert_with_transformers(folder: Path) -> tuple[HFTokenizer, dict[str, str
     fix = ("save the tokenizer with transformers' tokenizer.save_pretrained(folder) where it can be built (it "
            f"writes {TOKENIZER_FILE}), or copy the model's {TOKENIZER_FILE} into the folder")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional: transformers
     except ImportError:
         raise AiaynError(f"{missing}: no such file, and converting the folder's other vocabulary files needs the "
                          f"transformers package (not installed); {fix}") from None

@@ -26,32 +26,30 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
 from aiayn.checkpoint import CONFIG_FILE, checkpoint_dir, load_config, save_checkpoint
 from aiayn.checkpoint.layout import OWN_FILES, verify
+from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.models.build import build_model
+from aiayn.output_folder import CHECKPOINT, check_output_folder
 
 DCP_DIR = "dcp"
 
 
-def _state_dict_api():
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_state_dict,
-        set_optimizer_state_dict,
-        set_state_dict,
-    )
-
-    return StateDictOptions, get_model_state_dict, get_state_dict, set_optimizer_state_dict, set_state_dict
-
-
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on rank 0, on the CPU (empty on the other ranks); a collective under FSDP."""
-    options_cls, get_model_state_dict, *_ = _state_dict_api()
-    return get_model_state_dict(model, options=options_cls(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def has_sharded(path: str | os.PathLike) -> bool:
@@ -60,9 +58,6 @@ def has_sharded(path: str | os.PathLike) -> bool:
 
 
 def _write(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    _, _, get_state_dict, _, _ = _state_dict_api()
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
 
@@ -70,8 +65,6 @@ def _write(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def _dcp_load(state: dict[str, Any], folder: Path) -> None:
     """``dcp.load`` into ``state`` in place; without a process group it reads in this one process (said once here,
     not warned about)."""
-    import torch.distributed.checkpoint as dcp
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(folder))
@@ -137,7 +130,6 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
 
     directory = checkpoint_dir(path)
     _check_files(directory)
-    _, _, get_state_dict, _, set_state_dict = _state_dict_api()
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     try:
@@ -158,15 +150,13 @@ def optimizer_state_by_name(model: nn.Module, optimizer: torch.optim.Optimizer,
         optimizer: an optimizer over ``model``'s trainable parameters, built as the run builds its own.
         saved: the saved ``optimizer.state_dict()``.
     """
-    options_cls, _, get_state_dict, _, _ = _state_dict_api()
     optimizer.load_state_dict(saved)
-    return get_state_dict(model, optimizer, options=options_cls(full_state_dict=True))[1]
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))[1]
 
 
 def set_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load an optimizer state keyed by parameter name (every rank holding all of it) into a sharded optimizer."""
-    options_cls, _, _, set_optimizer_state_dict, _ = _state_dict_api()
-    set_optimizer_state_dict(model, optimizer, state, options=options_cls(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def export_sharded(path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -180,10 +170,6 @@ def export_sharded(path: str | os.PathLike, out: str | os.PathLike, *, overwrite
         AiaynError: ``path`` has no ``dcp/`` folder, or a shard differs from its checksum; ``out`` is ``path`` (or
             inside or around it), or a folder of something else and ``overwrite`` is false.
     """
-
-    from aiayn.config import ModelConfig
-    from aiayn.models.build import build_model
-    from aiayn.output_folder import CHECKPOINT, check_output_folder
 
     directory = checkpoint_dir(path)
     into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, flag="overwrite=True",

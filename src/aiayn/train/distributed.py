@@ -26,9 +26,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.run as torchrun
 from torch import nn
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from aiayn.errors import AiaynError
+from aiayn.train.stop_signals import STOP_SIGNALS, Stopped
 
 TIMEOUT = datetime.timedelta(hours=3)  # a rank waits this long for rank 0's evaluations and checkpoints
 SHUTDOWN_SECONDS = 120  # after a stop signal the launcher waits this long for the ranks' last step and save
@@ -140,22 +144,16 @@ def launch(nproc: int, argv: list[str], env: dict[str, str] | None = None) -> No
     """
     if nproc < 1:
         raise AiaynError(f"--nproc {nproc}: need at least 1 process")
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    from aiayn.train.stop_signals import STOP_SIGNALS, Stopped
-
     nohup = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # hang-ups are then meant to be ignored
     handled = [s.name for s in (*STOP_SIGNALS, signal.SIGQUIT) if not (nohup and s == signal.SIGHUP)]
     variables = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(torch.get_num_threads()), **(env or {})}
     before = {k: os.environ.get(k) for k in variables}
     os.environ.update(variables)
-    args = get_args_parser().parse_args(["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
+    args = torchrun.get_args_parser().parse_args(["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
                                          "--signals-to-handle", ",".join(handled),
                                          "--shutdown-timeout", str(SHUTDOWN_SECONDS), "--module", "aiayn", *argv])
     try:
-        run(args)
+        torchrun.run(args)
     except SignalException as e:  # the ranks were sent the signal and have saved their last step
         raise Stopped(e.sigval) from None
     except ChildFailedError as e:

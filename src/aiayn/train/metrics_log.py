@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from aiayn.data.text_io import atomic_write_text
 from aiayn.errors import AiaynError, where
 from aiayn.files import BadJSON, parse_json
 
@@ -202,8 +203,6 @@ def drop_rows_after(path: str | os.PathLike, step: int) -> int:
 def _rewrite(path: Path, rows: list[dict[str, Any]], header: list[str]) -> None:
     """Replace a metrics file by ``rows`` (a CSV with ``header``), atomically
     (:func:`~aiayn.data.text_io.atomic_write_text`)."""
-    from aiayn.data.text_io import atomic_write_text
-
     if _format_of(path) == ".jsonl":
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return

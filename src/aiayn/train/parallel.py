@@ -32,12 +32,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from aiayn.checkpoint.rng_state import capture_rng
@@ -108,8 +111,6 @@ def compile_for_training(model: nn.Module) -> None:
 
 def compile_problem() -> str | None:
     """Why ``torch.compile`` cannot run on this machine's CPU (no C compiler for inductor), else None."""
-    import shutil
-
     if any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         return None
     return "torch.compile on the CPU needs a C compiler (cc, gcc or clang) on PATH"
@@ -293,16 +294,12 @@ def wrap(task: Any, kind: str, ranks: Ranks, *, dtype: str = "float32", cpu_offl
         return Parallel(module, kind, ranks, model, moe_weights)
     device = next(model.parameters()).device
     if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
         # an encoder's unused head (mlm_head in classification) and idle experts get no gradient in some steps
         unused = getattr(model.config, "arch", "") == "encoder" or getattr(model.config, "ffn", "") == "moe"
         # buffers (position tables, masks) are built alike on every rank: synced once at the start, not every step
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
                                       forward_sync_buffers=False, find_unused_parameters=unused)
         return Parallel(ddp, kind, ranks, model, moe_weights)
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
     if cpu_offload and device.type == "cpu":
         raise AiaynError("train.fsdp_cpu_offload=true: the model is already in CPU memory (offloading moves "
                          "shards off a GPU); set it to false, or train on CUDA")

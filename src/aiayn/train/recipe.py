@@ -23,7 +23,12 @@ from typing import Any
 
 import tomllib
 
+from aiayn.config import PRESETS, ModelConfig
+from aiayn.data.parallel import POLICIES
 from aiayn.errors import AiaynError
+from aiayn.models.stats import memory_bytes, size_problem
+from aiayn.tokenize import NUM_SPECIAL, TOKENIZER_KINDS
+from aiayn.train.train_config import TrainConfig
 from aiayn.validation import Problems, Rule, at_least, choice, first, of_type, rule, type_of, unknown_key, within
 
 TASKS = ("translation", "lm", "classification", "mlm", "image_classification")
@@ -206,9 +211,6 @@ _COLUMN = rule(lambda v: v is None or isinstance(v, str) or (isinstance(v, int) 
 def _rules() -> dict[str, dict[str, Rule]]:
     """The rules of the keys of the task sections, by section and key (a key the tasks share means the
     same everywhere). A key without a rule must have its default's type."""
-    from aiayn.data.parallel import POLICIES
-    from aiayn.tokenize import NUM_SPECIAL, TOKENIZER_KINDS
-
     paths = dict.fromkeys(("train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv", "test_src",
                            "test_tgt", "path", "valid_path", "train", "valid"), _PATH)
     return {
@@ -278,8 +280,6 @@ def recipe_problems(recipe: dict[str, Any], *, resume: bool = False, processes: 
         resume: the run resumes from its checkpoint (encoder tasks then take the model from it).
         processes: the data-parallel processes on this machine (one GPU each when on CUDA).
     """
-    from aiayn.train.train_config import TrainConfig
-
     task = recipe["task"]
     checks = task_checks(task)
     problems: list[str] = []
@@ -339,8 +339,6 @@ def file_problems(recipe: dict[str, Any], data: dict[str, Any], keys: tuple[str,
 def _model_problems(recipe: dict[str, Any], task: str, checks: TaskChecks, sections: dict[str, dict[str, Any]],
                     resume: bool) -> list[str]:
     """``[model]`` built into a ModelConfig as the task builds it, with a placeholder vocabulary."""
-    from aiayn.config import PRESETS, ModelConfig
-
     section = dict(recipe["model"])
     data, tok = sections.get("data", {}), sections.get("tokenizer", {})
     encoder = task in ("mlm", "classification")
@@ -395,9 +393,6 @@ def _model_problems(recipe: dict[str, Any], task: str, checks: TaskChecks, secti
 def _size_problems(fields: dict[str, Any], task: str, data: dict[str, Any]) -> list[str]:
     """A model, or a batch of its activations, too large for this machine's memory (a typo such as
     ``d_ff = 20480000`` or ``batch_size = 10000000000``), found before anything is allocated."""
-    from aiayn.config import ModelConfig
-    from aiayn.models.stats import memory_bytes, size_problem
-
     config = ModelConfig(**fields)
     problem = size_problem(config, 16, "train (weights, gradients and Adam's two moments)")
     if problem is not None:

@@ -54,6 +54,7 @@ from aiayn.train.run_lock import RunLock
 from aiayn.train.step import StepRecord, TrainStep
 from aiayn.train.stop_signals import Stopped, StopSignals, stop_signals
 from aiayn.train.train_config import TrainConfig
+from aiayn.viz.curves import plot_learning_curves
 
 METRICS_FILE, CURVE_FILE = "metrics.jsonl", "learning_curve.png"  # beside the checkpoints in train.out_dir
 
@@ -349,8 +350,6 @@ def _diverged_message(cfg: TrainConfig, step: int, count: int, out: Path, saved_
 
 def _plot(history: list[dict[str, Any]], out: Path) -> None:
     try:
-        from aiayn.viz.curves import plot_learning_curves
-
         plot_learning_curves(history, out / CURVE_FILE, ys=("train_nll", "val_loss"),
                              title="per-token NLL (train: running mean, no label smoothing)")
     except AiaynError as e:  # matplotlib missing: training results still stand

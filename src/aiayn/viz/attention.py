@@ -27,10 +27,10 @@ MAX_LABEL_CHARS = 12  # longer tokens are cut in labels
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: matplotlib (after its backend is set)
     except ImportError as e:  # pragma: no cover - exercised only without the extra
         raise AiaynError("plotting needs matplotlib: pip install 'aiayn[plot]'") from e
     return plt

@@ -53,7 +53,7 @@ def plot_learning_curves(
         AiaynError: matplotlib is missing, or no record has ``x`` together with any of ``ys``.
     """
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional: matplotlib
         from matplotlib.figure import Figure
     except ImportError as e:
         raise AiaynError("plotting needs matplotlib: pip install aiayn[plot]") from e

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from aiayn.accel.cpu.functional import set_kernels
+from aiayn.accel.cpu.layout import cpu_inference_layout
+from aiayn.accel.cpu.packed import frozen_weights, use_fast_cpu_linears
+
 
 def for_training(model: nn.Module) -> nn.Module:
     """Put in place, in ``model``, what speeds up CPU training steps without changing their results beyond float
     rounding: the attention kernel, the fused loss and, where oneDNN is the faster fp32 library, packed linear layers
     (:class:`~aiayn.accel.cpu.packed.PackedLinear`); validation decoding inside training takes the decoding kernels
     too. Random streams (dropout) are the core's. Returns ``model``."""
-    from aiayn.accel.cpu.functional import set_kernels
-    from aiayn.accel.cpu.packed import frozen_weights, use_fast_cpu_linears
-
     set_kernels(model, decoding=True)
     model.decoding_scope = frozen_weights
     return use_fast_cpu_linears(model)
@@ -30,10 +31,6 @@ def for_decoding(model: nn.Module) -> nn.Module:
     activations, the fused loss and the choosers of greedy and beam search; decoding calls then run in one
     :func:`~aiayn.accel.cpu.packed.frozen_weights` block (the model's ``decoding_scope``). Outputs equal the
     reference's up to float rounding. Returns ``model``."""
-    from aiayn.accel.cpu.functional import set_kernels
-    from aiayn.accel.cpu.layout import cpu_inference_layout
-    from aiayn.accel.cpu.packed import frozen_weights
-
     cpu_inference_layout(model)
     set_kernels(model, decoding=True)
     model.decoding_scope = frozen_weights

@@ -1,7 +1,8 @@
 """The CPU accelerator's kernels at the core's named seams, and the one function that puts them in place.
 
 Every seam is an attribute of a core module that the core reads (None: the core's own code runs); nothing here
-re-implements a layer, a stack or a step, and no module changes its class:
+re-implements a layer, a stack or a step, and no module but a linear layer is replaced (by an ``nn.Linear`` subclass
+sharing its parameters):
 
 - ``MultiHeadAttention.attention_kernel`` = :func:`cpu_attention_kernel`: a decoding step's few queries through the
   native kernel (each cached key and value read once, grouped queries served as they are), short training sequences
@@ -22,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.accel.cpu import decode_attention, native, short_attention
+from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
+from aiayn.accel.cpu.screened_argmax import GreedyHead
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.models.heads import LMHead, RowTop
 from aiayn.nn.attention import MultiHeadAttention, _expand_kv, fused_attention
@@ -89,8 +92,6 @@ def fused_loss(h: Tensor, proj: nn.Module, labels: Tensor,
     Args:
         h: (..., D) hidden states, the head's scale applied; labels (...) long.
     """
-    from aiayn.accel.cpu.fused_loss import linear_label_smoothed_nll
-
     weight = getattr(proj, "weight", None)
     if not isinstance(weight, Tensor) or h.device.type != "cpu" or getattr(proj, "bias", None) is not None:
         return None
@@ -105,8 +106,6 @@ class ScreenedGreedy:
         self.head = head
 
     def __call__(self, banned_ids: Sequence[int] = ()) -> Callable[[Tensor], Tensor] | None:
-        from aiayn.accel.cpu.screened_argmax import GreedyHead
-
         if not SETTINGS.screened_argmax:
             return None
         chooser = GreedyHead(self.head.proj, banned_ids)

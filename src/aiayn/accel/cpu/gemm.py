@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.accel.cpu import native
 from aiayn.accel.cpu.settings import SETTINGS
 
 BACKENDS = ("auto", "onednn", "torch")
@@ -210,8 +211,6 @@ def native_forward_applies(x: Tensor, weight: Tensor) -> bool:
     if not (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
             and not torch.is_autocast_enabled("cpu") and fp32_backend() == "torch"):
         return False
-    from aiayn.accel.cpu import native  # (aiayn.accel.cpu.native imports aiayn.nn)
-
     return native.panel_linear_preferred()
 
 
@@ -221,8 +220,6 @@ class NativeForwardLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
-        from aiayn.accel.cpu import native
-
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return native.panel_linear_once(x, weight, None if bias is None else bias.contiguous())
@@ -245,8 +242,6 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                                         or (bias is not None and bias.requires_grad)):
             y = NativeForwardLinear.apply(x2, weight, bias)
         else:
-            from aiayn.accel.cpu import native
-
             y = native.panel_linear_once(x2, weight.detach(), None if bias is None else bias.detach().contiguous())
         return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.shape[0])
     if not (onednn_applies(x, weight) and x.numel()):
@@ -266,8 +261,6 @@ def mm_nt(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     where :func:`native_forward_applies` (straight into ``out``), else ``torch.matmul``.
     """
     if native_forward_applies(a, b) and (out is None or out.stride(1) == 1):
-        from aiayn.accel.cpu import native
-
         return native.panel_linear_once(a, b, out=out)
     if onednn_applies(a, b) and a.numel() and b.numel():
         result = _onednn_nt(a, b)

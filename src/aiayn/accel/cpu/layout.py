@@ -24,6 +24,8 @@ import contextlib
 import torch
 from torch import nn
 
+from aiayn.accel.cpu.packed import pack_bf16_linears, pack_output_layers, use_fast_cpu_linears
+
 
 def column_major_linears(model: nn.Module) -> nn.Module:
     """Store every ``nn.Linear`` weight column-major, in place; returns ``model``.
@@ -58,8 +60,6 @@ def cpu_inference_layout(model: nn.Module) -> nn.Module:
     every other fp32 linear layer made a PackedLinear for a decoding step's few rows alone. Values, parameters, ties
     and ``state_dict`` are unchanged.
     """
-    from aiayn.accel.cpu.packed import pack_bf16_linears, pack_output_layers, use_fast_cpu_linears
-
     with outside_inference_mode(model):
         return use_fast_cpu_linears(pack_bf16_linears(pack_output_layers(column_major_linears(model))), decoding=True)
 

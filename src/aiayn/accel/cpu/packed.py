@@ -47,6 +47,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from aiayn.accel.cpu import gemm as cpu_gemm
 from aiayn.accel.cpu import native
 from aiayn.accel.cpu.gemm import onednn_available
+from aiayn.models.heads import LMHead
 
 # dtype -> fewest rows worth the packed kernel: one fp32 row is a matrix-vector product, faster through F.linear;
 # in bf16 the packed kernel wins from one row up (see the module docstring)
@@ -376,8 +377,6 @@ def pack_output_layers(model: nn.Module, min_in_features: int = MIN_PACKED_IN_FE
         model: any aiayn model (the output heads of all three families hold an ``LMHead``).
         min_in_features: leave output layers narrower than this (their hidden width) as they are.
     """
-    from aiayn.models.heads import LMHead  # local: models depend on nn, not the other way round
-
     if not onednn_available():
         return model
     for module in model.modules():

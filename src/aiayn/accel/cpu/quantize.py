@@ -35,6 +35,7 @@ from copy import deepcopy as copy_module
 import torch
 from torch import nn
 
+from aiayn.accel.cpu import native
 from aiayn.accel.cpu.packed import ACTIVATION_FNS, unpack_output_layers
 from aiayn.errors import AiaynError
 
@@ -65,8 +66,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         # torch.ao's eager-mode quantization warns that it is deprecated in favour of torchao; the kernels are
         # the same ones transformers' and torch's own tutorials use, and torch is pinned in pyproject.toml.
         warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
-
         # a copy whose prepacked fp32 output layers (aiayn.accel.cpu.packed) are plain nn.Linear again, so they quantize
         copy = unpack_output_layers(copy_module(model.eval()))
         # eval(): the int8 layers quantize_dynamic makes start in training mode, which every decoding call would
@@ -78,6 +77,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 with warnings.catch_warnings():  # (see quantize_int8)
     warnings.simplefilter("ignore")
     from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
+    from torch.ao.quantization import quantize_dynamic
 
 
 class Int8Linear(_DynamicLinear):
@@ -109,10 +109,6 @@ class Int8Linear(_DynamicLinear):
         """The native product for inputs of ``shape`` and ``dtype`` (``activation``, "relu" or "gelu", applied in
         it), as a function x -> y carrying its ``native_product``; None where it does not serve (more rows, another
         dtype, no native kernels, a weight with nonzero zero points)."""
-        from aiayn.accel.cpu import (
-            native,  # here: aiayn.accel.cpu.native imports the attention core, which imports aiayn.nn
-        )
-
         if dtype != torch.float32 or not shape or shape.numel() > native.MAX_LINEAR_ROWS * shape[-1]:
             return None
         if native.library() is None:
