@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli.commands import command
+from aiayn.cli.global_options import add_global_options
 from aiayn.cli.values import whole
 from aiayn.errors import AiaynError
 
@@ -45,10 +46,9 @@ def _learn(p: argparse.ArgumentParser) -> None:
                                        "solution replaced by raise NotImplementedError, for you to write.")
     begin.add_argument("dir", metavar="DIR", help="a new or existing folder")
     begin.add_argument("--overwrite", action="store_true", help="replace the course's notebooks already in DIR")
-    from aiayn.cli.main import _add_global_options  # cycle: aiayn.cli.main imports this module
 
     for action in sub.choices.values():  # --threads and --accel after the action too, as after any command
-        _add_global_options(action)
+        add_global_options(action)
 
     def run(args: argparse.Namespace) -> int:
         from aiayn import learn  # lazy: loaded when the command runs

@@ -7,6 +7,7 @@ import os
 import sys
 
 from aiayn import __version__
+from aiayn.cli.global_options import add_global_options
 from aiayn.errors import AiaynError
 
 
@@ -30,38 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
                "none runs the reference core only. The environment variable AIAYN_ACCEL sets the same.")
     parser.add_argument("--version", action="version", version=f"aiayn {_version()}",
                         help="print aiayn's version and exit")
-    _add_global_options(parser)  # before the command or, below, after it
+    add_global_options(parser)  # before the command or, below, after it
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, setup) in commands.REGISTRY.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         setup(p)
-        _add_global_options(p)
+        add_global_options(p)
     return parser
 
 
 def _version() -> str:
     """The version of the aiayn that runs (``aiayn.__version__``, kept equal to pyproject.toml's)."""
     return __version__
-
-
-def _add_global_options(parser: argparse.ArgumentParser) -> None:
-    """The options every command takes, on the main parser and on each command's (absent unless given, so that one
-    given before the command is not reset by the command's parser)."""
-    from aiayn import accel  # lazy: --version answers without torch
-
-    parser.add_argument("--accel", choices=accel.CHOICES, default=argparse.SUPPRESS,
-                        help="acceleration: auto (default, or $AIAYN_ACCEL) or none (the reference modules only)")
-    parser.add_argument("--threads", type=_thread_count, default=argparse.SUPPRESS, metavar="N",
-                        help="torch threads (default, unless OMP_NUM_THREADS is set: one per core that other "
-                             "processes leave free, one for a small training step; re-checked every 10 s while "
-                             "training, and said when fewer than the cores)")
-
-
-def _thread_count(text: str) -> int:
-    """``--threads``' value: a whole number of at least 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, at least 1")
-    return int(text)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
