@@ -100,8 +100,9 @@ def lm_decode(model: nn.Module, steps: int) -> Callable[[], Any]:
     return lambda: generate(model, prompt.tolist(), max_new_tokens=steps, greedy=True, stop_ids=(), pad_id=PAD)
 
 
-def lm_model() -> nn.Module:
-    size = LMSize()
+def lm_model(size: LMSize | None = None) -> nn.Module:
+    """The GPT-2-like decoder of generate_lm.py (default: its 6 x 384), random weights, in eval mode."""
+    size = size or LMSize()
     cfg = ModelConfig.preset("gpt2-small", n_layers=size.n_layers, d_model=size.d_model, n_heads=size.n_heads,
                              d_ff=4 * size.d_model, vocab_size=size.vocab_size, max_len=size.max_len, dropout=0.0,
                              **benchlib.exact_gelu())

@@ -183,6 +183,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: 
 def fold_queries(q: Tensor, group: int) -> Tensor:
     """(B, H, T, Dh) -> (B/g, H, g*T, Dh): fold the queries of g consecutive rows into one memory row's block."""
     b, h, t, d = q.shape
+    if t == 1:  # a decoding step: a strided view, row i*g + j as query j of block i, no copy
+        s_b, s_h, _, s_d = q.stride()
+        return q.as_strided((b // group, h, group, d), (group * s_b, s_h, s_b, s_d))
     return q.view(b // group, group, h, t, d).transpose(1, 2).reshape(b // group, h, group * t, d)
 
 
@@ -346,14 +349,15 @@ class MultiHeadAttention(nn.Module):
             elif recorder is not None:  # the output's own q and k; the kernel that made the output is unchanged
                 recorded, applied = attention_weights(q, k, mask, bias, is_causal=is_causal, scale=self.scale,
                                                       softcap=self.softcap)
-        if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X)
-            out = unfold_queries(out, group, t)
+        if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X) (a step's output: by the transpose below)
+            out = unfold_queries(out, group, t) if t > 1 else out
             weights = unfold_queries(weights, group, t) if weights is not None else None
         if recorder is not None and recorded is not None:
             if group > 1:  # (B/g, H, g*T, S) -> (B, H, T, S), the mask expanded to that shape first
                 applied = None if applied is None else unfold_queries(applied.expand(recorded.shape), group, t)
                 recorded = unfold_queries(recorded, group, t)
             recorder(recorded, applied, bias)
-        # (B, H, T, Dh) -> (B, T, H*Dh); with T = 1 both orders are the same, so no transpose
-        out = out.reshape(b, 1, hq * dh) if t == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
+        # (B, H, T, Dh) -> (B, T, H*Dh), and a step's folded (B/g, H, g, Dh) -> (B/g, g, H, Dh) -> (B, 1, H*Dh); with
+        # T = 1 and no folding both orders are the same, so no transpose
+        out = out.reshape(b, 1, hq * dh) if t == 1 and group == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)
         return self.out_proj(out), weights

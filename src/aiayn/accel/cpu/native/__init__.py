@@ -277,6 +277,37 @@ def _matrix_rows(x: Tensor, k: int, who: str) -> Tensor:
     return x2 if x2.stride(1) == 1 else x2.contiguous()
 
 
+def _row_stride(x: Tensor, k: int, who: str) -> int | None:
+    """The distance between consecutive rows of x (..., k) seen as a (rows, k) matrix with a contiguous last
+    dimension, when x is laid out as one (a kernel then reads x itself: no reshape, no copy); None when it is not.
+    ``who`` names the kernel in the error for another width."""
+    if x.shape[-1] != k:
+        raise ValueError(f"{who}: x (..., {k}) needed, got {tuple(x.shape)}")
+    if x.stride(-1) != 1 and k > 1:
+        return None
+    row = span = None
+    for d in range(x.dim() - 2, -1, -1):  # the innermost dimension of more than one sets the row stride; each
+        if x.shape[d] == 1:               # outer one steps over the rows inside it
+            continue
+        if span is None:
+            row = span = x.stride(d)
+        elif x.stride(d) != span:
+            return None
+        span *= x.shape[d]
+    return k if row is None else row
+
+
+def _rows_product(x: Tensor, k: int, n: int, who: str) -> tuple[Tensor, int, int, Tensor]:
+    """x (..., k) as the kernels take it, and the output they write: (x or a (rows, k) copy, its row stride, rows,
+    a new (..., n) output). A decoding step's input is laid out as rows already, and then this is one operation."""
+    stride = _row_stride(x, k, who)
+    if stride is None:
+        x = _matrix_rows(x, k, who)
+        stride = x.stride(0)
+    rows = x.numel() // k if k else 0
+    return x, stride, rows, x.new_empty((*x.shape[:-1], n))
+
+
 def rows_linear_reference(x: Tensor, wt: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
     """``F.linear`` by the transposed weight, then ``activation``: what :func:`rows_linear` computes.
 
@@ -318,11 +349,9 @@ def rows_linear_plan(wt: Tensor, bias: Tensor | None = None,
     held = (wt, bias)  # kept alive with the pointers above
 
     def run(x: Tensor) -> Tensor:
-        x2 = _matrix_rows(x, K, "rows_linear")
-        y = x2.new_empty(x2.shape[0], N)
-        kernel(x2.data_ptr(), x2.stride(0), x2.shape[0], K, w_ptr, w_sk, N, b_ptr, y.data_ptr(), N, act,
-               torch.get_num_threads())
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+        x2, stride, rows, y = _rows_product(x, K, N, "rows_linear")
+        kernel(x2.data_ptr(), stride, rows, K, w_ptr, w_sk, N, b_ptr, y.data_ptr(), N, act, torch.get_num_threads())
+        return y if y.dim() == x.dim() else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
     return run
@@ -377,11 +406,10 @@ def int8_rows_linear_plan(q: Tensor, scales: Tensor, bias: Tensor | None = None,
     held = (q, scales, bias)  # kept alive with the pointers above
 
     def run(x: Tensor) -> Tensor:
-        x2 = _matrix_rows(x, K, "int8_rows_linear")
-        y = x2.new_empty(x2.shape[0], N)
-        kernel(x2.data_ptr(), x2.stride(0), x2.shape[0], K, q_ptr, q_sn, s_ptr, N, b_ptr, y.data_ptr(), N, act,
+        x2, stride, rows, y = _rows_product(x, K, N, "int8_rows_linear")
+        kernel(x2.data_ptr(), stride, rows, K, q_ptr, q_sn, s_ptr, N, b_ptr, y.data_ptr(), N, act,
                torch.get_num_threads())
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+        return y if y.dim() == x.dim() else y.view(*x.shape[:-1], N)
 
     run.held = held  # type: ignore[attr-defined]
     return run
@@ -494,12 +522,10 @@ def panel_linear_plan(weight: Tensor, bias: Tensor | None = None, activation: st
     kernel, p_ptr, b_ptr = lib.aiayn_panel_linear, packed.data_ptr(), 0 if bias is None else bias.data_ptr()
 
     def run(x: Tensor) -> Tensor:
-        x2 = _matrix_rows(x, k, "panel_linear")
-        m = x2.shape[0]
-        y = x2.new_empty(m, n)
-        kernel(x2.data_ptr(), x2.stride(0), m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act,
+        x2, stride, m, y = _rows_product(x, k, n, "panel_linear")
+        kernel(x2.data_ptr(), stride, m, k, p_ptr, n, b_ptr, y.data_ptr(), n, act,
                _packed_x_scratch(m, k, block_rows), torch.get_num_threads())
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+        return y if y.dim() == x.dim() else y.view(*x.shape[:-1], n)
 
     run.held = (packed, bias)  # type: ignore[attr-defined]
     return run
