@@ -13,7 +13,8 @@ write per step with which the benchmark forbids EOS (listed on its own).
 
 Cases (random weights, batch 1): the Multi30k-size encoder-decoder of translate_beam.py under beam 4, and the
 GPT-2-like 6 x 384 decoder of generate_lm.py under greedy decoding; each as ``load_pretrained`` gives it for
-decoding (accelerated) and as the reference core (``--accel none``).
+decoding (accelerated) and as the reference core (``--accel none``); the decoder also accelerated without greedy's
+int8 screen of the output layer (what the screen costs in operations, and saves in time).
 
     .venv/bin/python bench/step_ops.py [--threads N] [--runs N]
 """
@@ -39,6 +40,7 @@ from generate_lm import LMSize  # noqa: E402
 from translate_beam import BOS, EOS, PAD, SIZES, reference_model  # noqa: E402
 
 from aiayn import ModelConfig, build_model  # noqa: E402
+from aiayn.accel.cpu.settings import overridden  # noqa: E402
 from aiayn.generate import generate, translate  # noqa: E402
 
 OUTSIDE = "outside any module"
@@ -164,12 +166,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "6 x 384 greedy": (lm_model, lm_decode)}
     rows, by_module = [], {}
     for case, (build, decode) in cases.items():
-        for variant in ("accelerated", "reference"):
+        variants = ["accelerated", "reference"] + (["accelerated, no int8 screen"] if "greedy" in case else [])
+        for variant in variants:
             model = build()
-            if variant == "accelerated":
+            if variant != "reference":
                 model = benchlib.for_decoding(model)
-            ops = count(model, decode)
-            share = time_share(model, decode, args.runs)
+            # greedy's chooser without its int8 screen of the output layer: what the screen costs in operations
+            with overridden(screened_argmax=False) if "no int8 screen" in variant else contextlib.nullcontext():
+                ops = count(model, decode)
+                share = time_share(model, decode, args.runs)
             name = f"{case}, {variant}"
             by_module[name] = dict(ops.most_common())
             mine = sum(v for k, v in ops.items() if k != "benchmark's EOS mask")
