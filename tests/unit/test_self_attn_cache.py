@@ -55,7 +55,8 @@ def test_decoder_cache_reorders_every_layer() -> None:
 
 
 def test_append_step_equals_append_in_every_layer_through_reorders_and_growth() -> None:
-    """The fused one-position write (a QKV projection's key and value halves) reads back as two appends do."""
+    """The fused one-position write (a QKV projection's key and value heads, (B, 2 Hkv, 1, Dh)) reads back as two
+    appends do."""
     g = torch.Generator().manual_seed(1)
     h, d, layers = 2, 3, 3
     fused, split = DecoderCache(n_layers=layers, capacity=2), DecoderCache(n_layers=layers, capacity=2)
@@ -66,7 +67,7 @@ def test_append_step_equals_append_in_every_layer_through_reorders_and_growth() 
     batch = 4
     for index in (torch.tensor([1, 0, 3, 2]), torch.tensor([0, 0, 2]), torch.tensor([2, 1, 0]), None):
         for i in range(layers):  # a step: the capacity of 2 grows at the second one
-            kv = torch.randn(batch, 2 * h * d, generator=g)
+            kv = torch.randn(batch, 2 * h, 1, d, generator=g)
             got_k, got_v = fused.self_attn[i].append_step(kv)
             k, v = kv.view(batch, 2, h, 1, d).unbind(1)
             want_k, want_v = split.self_attn[i].append(k, v)

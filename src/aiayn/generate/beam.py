@@ -55,6 +55,20 @@ class BeamHistory:
         """Rows from the next step on are the current step's rows ``kept`` (in that order)."""
         self._kept[len(self._tokens) - 1] = kept
 
+    def _read_back(self) -> dict[int, tuple[list[list[int]], list[list[int]]]]:
+        """Every step not yet on the host, brought there in one transfer (a concatenation and one ``tolist`` for
+        the tokens, one for the parents), not a transfer per step; returns the steps on the host."""
+        todo = [t for t in range(len(self._tokens)) if t not in self._host]
+        if todo:
+            tokens = torch.cat([self._tokens[t] for t in todo]).tolist()
+            parents = torch.cat([self._parents[t] for t in todo]).tolist()
+            start = 0
+            for t in todo:
+                end = start + self._tokens[t].shape[0]
+                self._host[t] = (tokens[start:end], parents[start:end])
+                start = end
+        return self._host
+
     def tokens(self, row: int, beam: int, length: int) -> list[int]:
         """The ``length`` tokens that lead to ``beam`` of step ``length - 1``, for the sentence in ``row`` of the
         last recorded step (empty for length 0)."""
@@ -66,9 +80,7 @@ class BeamHistory:
                 kept = self._kept.get(numbering)
                 if kept is not None:
                     row = kept[row]
-            host = self._host.get(t)
-            if host is None:
-                host = self._host[t] = (self._tokens[t].tolist(), self._parents[t].tolist())
+            host = self._host.get(t) or self._read_back()[t]
             out[t] = host[0][row][beam]
             beam = host[1][row][beam]
         return out
@@ -128,7 +140,7 @@ def beam_search(
             row_tok = torch.where(forced, torch.full_like(row_tok, eos_id), row_tok)
         c = row_lp.shape[1]
         # the 2K best extensions of each sentence are among the 2K best of each of its beams
-        cand = (alive_cum[:, :, None] + row_lp.view(ba, k, c)).view(ba, k * c)  # (Ba, k*c)
+        cand = (alive_cum.view(-1, 1) + row_lp).view(ba, k * c)  # (Ba*k, c) -> (Ba, k*c)
         padded = k * c < 2 * K
         if padded:  # tiny vocabularies: pad with impossible candidates
             cand = torch.cat([cand, cand.new_full((ba, 2 * K - k * c), float("-inf"))], dim=1)

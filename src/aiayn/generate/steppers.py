@@ -72,10 +72,13 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = True
 
 
-def lm_step(model: DecoderModel, tokens: Tensor, positions: Tensor, cache: DecoderCache, project: bool) -> Tensor:
-    """One decoding step of a decoder-only model: tokens (N,) long at positions (N,) long -> next-token logits
-    (N, V), or the final hidden states (N, D) when not ``project``; the keys and values go into ``cache``."""
-    hidden = model(tokens[:, None], positions=positions[:, None], cache=cache, compute_logits=False).hidden[:, -1]
+def lm_step(model: DecoderModel, tokens: Tensor, positions: Tensor | None, cache: DecoderCache,
+            project: bool) -> Tensor:
+    """One decoding step of a decoder-only model: tokens (N,) long at positions (N,) long (None: the next position
+    of the cache, every row's) -> next-token logits (N, V), or the final hidden states (N, D) when not ``project``;
+    the keys and values go into ``cache``."""
+    at = None if positions is None else positions[:, None]
+    hidden = model(tokens[:, None], positions=at, cache=cache, compute_logits=False).hidden[:, -1]
     return model.lm_head(hidden) if project else hidden
 
 
@@ -193,12 +196,15 @@ class LMStepper:
         self.cache = model.new_cache(capacity, static)
         self.room = capacity - ids.shape[1] if static else None  # a static cache's positions left (it cannot grow)
         self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
+        # one host sync a decode: prompts without padding take the cache's own positions, which a step spends no
+        # operation on (no position ids stored, counted or gathered)
+        self.unpadded = bool(is_token.all())
 
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
         ``project``)."""
         b, p = self.ids.shape
-        positions = (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
+        positions = None if self.unpadded else (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
         prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
         out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
                          cache=self.cache, compute_logits=False)
@@ -207,6 +213,8 @@ class LMStepper:
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
         self.room = use_room(self.room)
+        if self.unpadded:
+            return self._step(self.model, tokens, None, self.cache, self.project)
         out = self._step(self.model, tokens, self.next_pos, self.cache, self.project)
         self.next_pos = self.next_pos + 1
         return out
@@ -218,4 +226,5 @@ class LMStepper:
     def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) of the cache and the position counters (the hints are unused)."""
         self.cache.reorder(index)
-        self.next_pos = self.next_pos.index_select(0, index)
+        if not self.unpadded:
+            self.next_pos = self.next_pos.index_select(0, index)

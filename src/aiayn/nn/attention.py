@@ -318,8 +318,9 @@ class MultiHeadAttention(nn.Module):
             qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
             if (t == 1 and rotary is None and self.q_norm is None and isinstance(cache, SelfAttnCache)
                     and cache.store.data is not None):  # a decoding step: keys and values into the cache in one copy
-                q = self._heads(qkv[..., :hq * dh], hq)
-                k, v = cache.append_step(qkv[:, 0, hq * dh:])  # (B, Hkv, S, Dh): everything cached so far
+                heads = qkv.view(b, hq + 2 * hkv, 1, dh)  # (B, H + 2 Hkv, 1, Dh): with T = 1, no transpose
+                q = heads[:, :hq]
+                k, v = cache.append_step(heads[:, hq:])  # (B, Hkv, S, Dh): everything cached so far
             else:
                 q, k, v = qkv.split([hq * dh, hkv * dh, hkv * dh], dim=-1)
                 q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)

@@ -18,8 +18,6 @@ One cache, two ways of addressing its fixed-capacity buffer:
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -42,6 +40,11 @@ class KVStore:
         self.n_layers, self.capacity, self.slotted, self.static = n_layers, capacity, slotted or static, static
         self.data: Tensor | None = None  # (capacity, B, L, 2, Hkv, Dh)
         self._spare: Tensor | None = None  # reorder target, same shape as data
+        # made once and kept for a decode's reorders: each buffer as (capacity * B, width), the store and its spare
+        # (newest first); and (capacity, 1) t * B, the first flattened row of each position
+        self._flats: list[tuple[Tensor, Tensor]] = []
+        self._starts: Tensor | None = None
+        self._starts_for: tuple[int, torch.device] | None = None  # the batch size and device it was made for
         self.filled = 0  # positions written by at least one layer (slotted: all C slots count)
         # addressed by slot: what the current step does, set by DecoderCache.extend for every layer
         self.step_slots: Tensor | None = None  # (t',) long: the slots of the step's stored (last t') positions
@@ -93,13 +96,25 @@ class KVStore:
             return
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
-        new, width = self._spare, math.prod(data.shape[2:])
-        torch.index_select(data.view(-1, width)[:n * b], 0, time_major_index(index, n, b),
-                           out=new.view(-1, width)[:n * b_new])
+        new = self._spare
+        if self._starts is None or self._starts.shape[0] < n or self._starts_for != (b, index.device):
+            self._starts = torch.arange(data.shape[0], device=index.device)[:, None] * b
+            self._starts_for = (b, index.device)
+        torch.index_select(self._flat(data)[:n * b], 0, time_major_index(index, n, b, self._starts),
+                           out=self._flat(new)[:n * b_new])
         self.data = new
         self._spare = data if b == b_new else None  # the old buffer becomes the next spare at an unchanged size
         if self.static:
             static_address(new)
+
+    def _flat(self, buffer: Tensor) -> Tensor:
+        """``buffer`` (C, B, ...) as (C * B, width), the view made once per buffer (a reorder then makes none)."""
+        for held, flat in self._flats:
+            if held is buffer:
+                return flat
+        flat = buffer.view(buffer.shape[0] * buffer.shape[1], -1)
+        self._flats = [(buffer, flat), *self._flats[:1]]
+        return flat
 
 
 class SelfAttnCache:
@@ -141,21 +156,22 @@ class SelfAttnCache:
         return self._views(data, end)
 
     def append_step(self, kv: Tensor) -> tuple[Tensor, Tensor]:
-        """Store one new position's keys and values, kv (B, 2 * Hkv * Dh) laid out as a fused QKV projection gives
+        """Store one new position's keys and values, kv (B, 2 * Hkv, 1, Dh) laid out as a fused QKV projection gives
         them (all key heads, then all value heads); return all cached so far, (B, Hkv, length, Dh) views.
 
         The same as :meth:`append` of the two halves as (B, Hkv, 1, Dh) each, in one copy (a decoding step's hot
         path), after the first :meth:`append`.
         """
         store = self.store
-        if store.slotted:  # (B, 2 * Hkv * Dh) -> (1, B, 2, Hkv, Dh) into the step's slot of every row
+        if store.slotted:  # (B, 2 * Hkv, 1, Dh) -> (1, B, 2, Hkv, Dh) into the step's slot of every row
             data = store.claim(store.capacity)
             data[:, :, self.layer].index_copy_(0, store.step_slots, kv.view(1, *data.shape[1:2], *data.shape[3:]))
             return self._slot_views(data)
         end = self.length + 1
         data = store.claim(end)
-        s_t, s_b, s_l = data.stride(0), data.stride(1), data.stride(2)
-        data.as_strided(kv.shape, (s_b, 1), data.storage_offset() + self.length * s_t + self.layer * s_l).copy_(kv)
+        s_t, s_b, s_l, _, s_h, _ = data.stride()  # (B, 2 * Hkv, 1, Dh) at position `length` of this layer
+        data.as_strided(kv.shape, (s_b, s_h, 0, 1), data.storage_offset() + self.length * s_t + self.layer * s_l
+                        ).copy_(kv)
         self.length = end
         return self._views(data, end)
 
@@ -198,11 +214,13 @@ def static_address(*tensors: Tensor) -> None:
         torch._dynamo.mark_static_address(t, guard=False)
 
 
-def time_major_index(index: Tensor, length: int, batch: int) -> Tensor:
+def time_major_index(index: Tensor, length: int, batch: int, starts: Tensor | None = None) -> Tensor:
     """Rows of a flattened (length, batch) time-major block that keep batch rows ``index`` at every position:
     (length * B',) long, ``t * batch + index[j]`` at ``t * B' + j``; ``index`` (B',) long, or (length, B') for a row
-    per position (``index[t, j]``)."""
-    return (torch.arange(length, device=index.device)[:, None] * batch + index).view(-1)
+    per position (``index[t, j]``). ``starts``: (>= length, 1) long ``t * batch``, when the caller keeps it."""
+    if starts is None:
+        starts = torch.arange(length, device=index.device)[:, None] * batch
+    return (starts[:length] + index).view(-1)
 
 
 class CrossAttnCache:
@@ -293,6 +311,15 @@ class DecoderCache:
         if self.key_pos is not None:
             return self.key_pos
         return torch.arange(self._length, device=device)[None].expand(rows, self._length)
+
+    def advance(self, t: int, padded: bool = False) -> bool:
+        """Record t new positions at the default ids (length .. length + t - 1) without storing anything, where
+        nothing needs storing: every extension so far, and this one (``padded`` False), unpadded and at default
+        positions, by position. Returns whether it did; where it did not, :meth:`extend` records them."""
+        if self.slotted or self.key_pos is not None or self.padded or padded:
+            return False
+        self._length += t
+        return True
 
     def extend(self, is_token: Tensor | None, positions: Tensor, padded: bool = False,
                default: bool = False) -> tuple[Tensor | None, Tensor | None]:
