@@ -28,6 +28,7 @@ import converted_gpt2  # noqa: E402
 import generate_lm  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
+import roofline  # noqa: E402
 import run_all  # noqa: E402
 import step_ops  # noqa: E402
 import train_step_profile  # noqa: E402
@@ -415,3 +416,18 @@ def test_step_ops_counts_a_steps_operations_by_module() -> None:
     assert all(float(v).is_integer() for v in ops.values())  # the same operations at every step
     share = step_ops.time_share(model, step_ops.seq2seq_decode, runs=1)
     assert share["operators_ms"] > 0 and 0 < share["share_in_operators"] <= 1.0
+
+
+def test_roofline_counts_the_weights_a_step_reads_at_their_stored_width() -> None:
+    """fp32: every linear weight once (the tied output layer too); int8: a byte a weight; the bound and the
+    fraction follow from them."""
+    model = roofline.decoder(quick=True)
+    linears = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert roofline.weight_bytes_per_token(model) == 4 * sum(linears.values())  # the reference: no screen
+    fast, small = benchlib.for_decoding(roofline.decoder(quick=True)), benchlib.for_decoding(model, "int8")
+    assert roofline.weight_bytes_per_token(small) < roofline.weight_bytes_per_token(fast) < 4 * sum(linears.values())
+    payload = roofline.main(["--quick", "--threads", "1"])
+    assert [r["variant"] for r in payload["rows"]] == ["float32", "int8"]
+    for row in payload["rows"]:
+        assert row["read_gb_s"] > 0 and 0 < row["fraction"] < 1
+        assert row["bound_tok_s"] == pytest.approx(row["read_gb_s"] * 1e3 / row["weight_mb_per_token"])
