@@ -528,6 +528,44 @@ def test_round_trip_gives_transformers_the_same_model(family: str, cases: dict[s
         assert {int(k): v for k, v in config["id2label"].items()} == LABELS
 
 
+def test_an_interleaved_sinusoidal_model_exports_to_marian_with_its_width_reordered(cases: dict[str, Case],
+                                                                                    tmp_path: Path) -> None:
+    """A model with the paper's interleaved sinusoidal table (aiayn's default; ``make demo`` trains one) is Marian's
+    model with the D features of its residual stream in another order: made here from the Marian case by the
+    inverse reordering, it computes Marian's logits, and ``to_hf`` writes a MarianMTModel that computes them too."""
+    import shutil
+
+    from aiayn.checkpoint import read_state_dict, save_checkpoint
+    from aiayn.hf.bart import halves_order, width_reordered
+
+    case = cases["marian"]
+    meta = json.loads((case.ckpt / "config.json").read_text())
+    for key in ("hf_config", "converted_from"):  # as a model trained here has it
+        meta.pop(key, None)
+    meta["model"]["sinusoidal_layout"] = "interleaved"
+    order = halves_order(meta["model"]["d_model"])
+    state = width_reordered(read_state_dict(case.ckpt), torch.argsort(order))
+    kept = [f for f in case.ckpt.iterdir() if f.name not in ("config.json", "model.safetensors", "manifest.json")]
+    interleaved = save_checkpoint(tmp_path / "interleaved", state, meta,
+                                  tokenizer_writer=lambda d: [shutil.copy(f, d / f.name) for f in kept])
+    pre = load_pretrained(interleaved)
+    assert pre.model.config.sinusoidal_layout == "interleaved"
+    src, mask = _source(case.tok, (9, 6, 3))
+    tgt = _target(case, 3, 7)
+    with torch.no_grad():
+        want = case.ref(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+        _close(pre.model(src, tgt).logits, want)
+        out = to_hf(interleaved, tmp_path / "hf")
+        assert json.loads((out / "config.json").read_text())["model_type"] == "marian"
+        _close(_hf_load(out, "marian")(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits, want)
+    exported = load_file(out / "model.safetensors")
+    torch.testing.assert_close(exported["model.shared.weight"], load_file(case.folder / "model.safetensors")[
+        "model.shared.weight"], atol=0, rtol=0)  # the reordering undone exactly
+    unknown = {**state, "decoder.layers.0.ffn.w_gate.weight": state["decoder.layers.0.ffn.w_in.weight"]}
+    with pytest.raises(AiaynError, match=r"w_gate.weight.*sinusoidal_layout = \"halves\""):
+        width_reordered(unknown, order)
+
+
 def test_older_layouts_convert_alike(cases: dict[str, Case], tmp_path: Path) -> None:
     """BERT weights named ``gamma``/``beta`` (the original checkpoints), BART without the ``model.`` prefix and
     without ``final_logits_bias`` (a ``BartModel``), and a T5 v1.1 folder without ``lm_head.weight`` (transformers 5

@@ -121,7 +121,9 @@ def bart_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, An
 
 
 def marian_config_to_hf(config: ModelConfig, meta: dict[str, Any]) -> dict[str, Any]:
-    wanted = {**_wanted(config), "position": "sinusoidal", "sinusoidal_layout": "halves", "position_offset": 0,
+    # an interleaved table (the paper's) is Marian's halves with the width reordered: the weights are reordered too
+    wanted = {**_wanted(config), "position": "sinusoidal", "sinusoidal_layout": ("halves", "interleaved"),
+              "position_offset": 0,
               "embedding_norm": False}
     refuse("marian", mismatches(config, wanted, "Marian"))
     return {**_to_hf(config, "marian", "MarianMTModel"), "decoder_vocab_size": config.vocab_size,
@@ -218,7 +220,44 @@ def marian_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, An
 
 
 def marian_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
+    if config.sinusoidal_layout == "interleaved":
+        state = width_reordered(state, halves_order(config.d_model))
     return _state_to_hf(state, config, learned_positions=False)
+
+
+def halves_order(d_model: int) -> torch.Tensor:
+    """(D,) long: column j of the "halves" sinusoidal table (all sines, then all cosines) is column ``order[j]`` of
+    the "interleaved" one (sin, cos, sin, ...): the even columns, then the odd ones."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+#: how each tensor of an encoder-decoder's state meets the residual stream: the dimension of the stream's width
+#: (D) it reads (a layer's input columns, an embedding's columns) or writes (an output's rows, a norm), by the end
+#: of its name; None: it has no such dimension (biases of the projections into heads or the feed-forward width)
+_WIDTH_DIM = {"embed.weight": 1, "qkv_proj.weight": 1, "q_proj.weight": 1, "kv_proj.weight": 1, "w_in.weight": 1,
+              "lm_head.proj.weight": 1, "out_proj.weight": 0, "out_proj.bias": 0, "w_out.weight": 0,
+              "w_out.bias": 0, "norm.weight": 0, "norm.bias": 0, "qkv_proj.bias": None, "q_proj.bias": None,
+              "kv_proj.bias": None, "w_in.bias": None, "lm_head.proj.bias": None}
+
+
+def width_reordered(state: StateDict, order: torch.Tensor) -> StateDict:
+    """The state of the same model with its residual stream's D features in the ``order`` (D,) given: every tensor
+    that reads or writes the stream indexed by ``order`` along that dimension. The model computes the same
+    outputs; the hidden states are ``h[..., order]`` of the original's. A model whose sinusoidal table is
+    interleaved, reordered by :func:`halves_order`, is the same model with Marian's table.
+
+    Raises:
+        AiaynError: a tensor of a kind this does not know how to reorder (named).
+    """
+    out = {}
+    for key, value in state.items():
+        suffix = next((s for s in _WIDTH_DIM if key == s or key.endswith("." + s) or key.endswith("_" + s)), None)
+        if suffix is None:
+            refuse("marian", [f"{key}: aiayn cannot reorder this tensor's width to Marian's sinusoidal layout; "
+                              "train with [model] sinusoidal_layout = \"halves\" to export"])
+        dim = _WIDTH_DIM[suffix]
+        out[key] = value if dim is None else value.index_select(dim, order)
+    return out
 
 
 
