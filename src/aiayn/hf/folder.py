@@ -25,7 +25,7 @@ from typing import Any
 import safetensors
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
@@ -42,6 +42,7 @@ from aiayn.output_folder import (
 from aiayn.tokenize import Tokenizer
 from aiayn.tokenize.base import SPECIAL_TOKENS
 from aiayn.tokenize.pretrained import read_json_object
+from aiayn.tokenize.word import WORD_PATTERN
 
 CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -139,17 +140,22 @@ def read_weights(folder: str | Path) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------- writing
 def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | None:
     """A Hugging Face ``tokenizers.Tokenizer`` equal to ``tok``, its special tokens by role, and whether decoding
-    cleans up spaces; None for a tokenizer without such a form (the word tokenizer)."""
+    cleans up spaces; None for a tokenizer without such a form."""
     builtin = dict(zip(("pad", "bos", "eos", "unk", "mask"), SPECIAL_TOKENS))
     if tok.kind == "pretrained":
         return HFTokenizer.from_str(tok.hf.to_str()), tok.special_tokens, tok.clean_up
     if tok.kind == "bpe":
         return HFTokenizer.from_str(tok.hf.to_str()), builtin, False
-    if tok.kind == "char":
+    if tok.kind in ("char", "word"):
         vocab = {tok.id_to_token(i): i for i in range(tok.vocab_size)}
         hf = HFTokenizer(models.WordLevel(vocab, unk_token=builtin["unk"]))
-        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
-        hf.decoder = decoders.Fuse()
+        if tok.kind == "char":
+            hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # a token a character
+            hf.decoder = decoders.Fuse()
+        else:  # aiayn.tokenize.word: NFKC, then words and single punctuation characters; decoded with spaces
+            hf.normalizer = normalizers.NFKC()
+            hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                        pre_tokenizers.Split(Regex(WORD_PATTERN), "isolated")])
         return hf, builtin, False
     return None
 

@@ -11,8 +11,9 @@ from typing import Any
 from aiayn.errors import AiaynError
 from aiayn.tokenize.base import NUM_SPECIAL, SPECIAL_TOKENS, TableTokenizer, require_keys
 
-# A word is a run of letters/digits/underscore; every other non-space character is a token by itself.
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+#: a word is a run of letters/digits/underscore; every other non-space character is a token by itself
+WORD_PATTERN = r"\w+|[^\w\s]"
+_TOKEN_RE = re.compile(WORD_PATTERN)
 
 
 def split_words(text: str) -> list[str]:
