@@ -344,6 +344,12 @@ def test_loopback_is_the_default_and_other_hosts_are_named() -> None:
     assert args.host == "127.0.0.1" and args.port == 8000
 
 
+def _connection(url: str) -> tuple[http.client.HTTPConnection, int]:
+    """A connection to the server at ``url`` (not yet opened), and its port."""
+    address = url.removeprefix("http://")
+    return http.client.HTTPConnection(address, timeout=30), int(address.rpartition(":")[2])
+
+
 def _ask(conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str],
          body: bytes | None = None) -> tuple[int, dict]:
     """One request on ``conn`` with exactly these headers (``Host`` among them replaces http.client's): status and
@@ -383,9 +389,7 @@ def test_a_foreign_host_is_refused_and_loopback_names_pass(lm, serve, model_runs
     """DNS rebinding: another site's name pointed at 127.0.0.1 reads nothing and runs nothing."""
     pre, first = lm
     with serve(build_app(pre, first)) as url:
-        address = url.removeprefix("http://")
-        port = int(address.rpartition(":")[2])
-        conn = http.client.HTTPConnection(address, timeout=30)
+        conn, port = _connection(url)
         for host in FOREIGN_HOSTS:
             for method, path, body in (("GET", "/api/record", None), ("GET", "/", None),
                                        ("POST", "/api/inspect", b'{"text": "the dog"}')):
@@ -413,9 +417,7 @@ def test_a_server_on_every_address_answers_addresses_and_its_machine_name(lm, se
     pre, first = lm
     me = socket.gethostname()
     with serve(build_app(pre, first, host="0.0.0.0")) as url:
-        address = url.removeprefix("http://")
-        port = int(address.rpartition(":")[2])
-        conn = http.client.HTTPConnection(address, timeout=30)
+        conn, port = _connection(url)
         for host in (f"192.168.1.5:{port}", f"[fe80::1]:{port}", f"{me}:{port}", f"{me}.local:{port}",
                      f"localhost:{port}"):
             assert _ask(conn, "GET", "/api/record", {"Host": host})[0] == 200, host
@@ -432,8 +434,7 @@ NOT_JSON = ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-ur
 def test_a_post_that_is_not_json_gets_415(lm, serve, model_runs, server_log, capfd) -> None:
     pre, first = lm
     with serve(build_app(pre, first)) as url:
-        address = url.removeprefix("http://")
-        conn = http.client.HTTPConnection(address, timeout=30)
+        conn, _ = _connection(url)
         conn.connect()
         own_port = conn.sock.getsockname()[1]
         for kind in NOT_JSON:
@@ -456,9 +457,7 @@ def test_a_foreign_origin_is_refused_for_every_method(lm, serve, model_runs, ser
     """A fetch() from another page (its Origin) reads nothing and runs nothing; the server's own page's does."""
     pre, first = lm
     with serve(build_app(pre, first)) as url:
-        address = url.removeprefix("http://")
-        port = int(address.rpartition(":")[2])
-        conn = http.client.HTTPConnection(address, timeout=30)
+        conn, port = _connection(url)
         foreign = ["http://evil.example.com", f"http://evil.example.com:{port}", "null", f"http://localhost:{port}",
                    f"http://127.0.0.1:{port + 1}", f"https://127.0.0.1:{port}", "http://127.0.0.1", "file://"]
         requests = [("GET", "/api/record", None), ("GET", "/", None), ("GET", "/api/health", None),

@@ -195,16 +195,15 @@ class LMStepper:
         self._step, static = step_function(model, lm_step)
         self.cache = model.new_cache(capacity, static)
         self.room = capacity - ids.shape[1] if static else None  # a static cache's positions left (it cannot grow)
-        self.next_pos = is_token.long().sum(1)  # (B,) position id of the first new token
-        # one host sync a decode: prompts without padding take the cache's own positions, which a step spends no
-        # operation on (no position ids stored, counted or gathered)
-        self.unpadded = bool(is_token.all())
+        # (B,) position id of the first new token; None for prompts without padding (one host sync a decode),
+        # which take the cache's own positions: a step spends no operation on them (none stored, counted, gathered)
+        self.next_pos = None if bool(is_token.all()) else is_token.long().sum(1)
 
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
         ``project``)."""
         b, p = self.ids.shape
-        positions = None if self.unpadded else (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
+        positions = None if self.next_pos is None else (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
         prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
         out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
                          cache=self.cache, compute_logits=False)
@@ -213,7 +212,7 @@ class LMStepper:
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""
         self.room = use_room(self.room)
-        if self.unpadded:
+        if self.next_pos is None:
             return self._step(self.model, tokens, None, self.cache, self.project)
         out = self._step(self.model, tokens, self.next_pos, self.cache, self.project)
         self.next_pos = self.next_pos + 1
@@ -226,5 +225,5 @@ class LMStepper:
     def reorder(self, index: Tensor, same_sources: bool | None = None, group: int | None = None) -> None:
         """Keep rows ``index`` (N',) of the cache and the position counters (the hints are unused)."""
         self.cache.reorder(index)
-        if not self.unpadded:
+        if self.next_pos is not None:
             self.next_pos = self.next_pos.index_select(0, index)

@@ -170,20 +170,17 @@ class TransformerStack(nn.Module):
         if is_token is None and not self.causal and embeds is None:
             is_token = ids != c.pad_id
         padded = is_token is not None and not bool(is_token.all())  # no host sync when is_token is None
-        if cache is not None and default_positions and cache.advance(t, padded):
-            key_is_token = key_pos = None  # a step at default positions, unpadded like every one before: no ids
-        else:
-            if default_positions:  # (1, T)
-                positions = (cache.next_positions(t, device) if slotted
-                             else torch.arange(start, start + t, device=device)[None])
-            key_is_token, key_pos = is_token, positions
-            if cache is not None:  # (None, None) while every row's keys are unpadded at default positions
-                key_is_token, key_pos = cache.extend(is_token, positions.expand(b, t), padded,
-                                                       default=default_positions)
+        # a step at default positions, unpadded like every one before: the cache stores no ids, and the positions
+        # are made only for what reads them (RoPE, a position bias)
+        advanced = cache is not None and default_positions and cache.advance(t, padded)
+        if default_positions and not (advanced and self.pos_bias is None and self.rotary is None):  # (1, T)
+            positions = (cache.next_positions(t, device) if slotted
+                         else torch.arange(start, start + t, device=device)[None])
+        key_is_token, key_pos = (None, None) if advanced else (is_token, positions)
+        if cache is not None and not advanced:  # (None, None) while every row's keys are unpadded at default positions
+            key_is_token, key_pos = cache.extend(is_token, positions.expand(b, t), padded, default=default_positions)
         if cache is not None:
             padded = cache.padded
-        if positions is None and (self.pos_bias is not None or self.rotary is not None):
-            positions = torch.arange(start, start + t, device=device)[None]  # (1, T)
         s = cache.length if cache is not None and not slotted else t
 
         # ---- self-attention mask: causal / window / pattern / padding / extra: one bool mask, or the causal fast path

@@ -266,6 +266,64 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights, is_causal=is_causal, scale=self.scale, softcap=self.softcap,
             kernel=self.attention_kernel)
 
+    def _cross_heads(self, x: Tensor, memory: Tensor | None,
+                     cache: CrossAttnCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention's q (B, H, T, Dh) from ``x``, and k, v (Bm, Hkv, S, Dh) from ``memory``, projected once
+        into a :class:`CrossAttnCache` and read from it afterwards."""
+        q = self._heads(self.q_proj(x), self.n_heads)
+        q = self.q_norm(q) if self.q_norm is not None else q
+        if isinstance(cache, CrossAttnCache) and cache.k is not None:
+            return q, cache.k, cache.v
+        if memory is None:
+            raise ValueError("cross-attention needs `memory` (or a filled CrossAttnCache)")
+        k, v = self.project_memory(memory)
+        if isinstance(cache, CrossAttnCache):
+            cache.k, cache.v = k, v
+        return q, k, v
+
+    def _self_heads(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None,
+                    cache: SelfAttnCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's q (B, H, T, Dh) and the k, v (B, Hkv, S, Dh) it attends over (with a cache, all the
+        positions cached so far, the new ones appended), from one fused projection of ``x`` (B, T, D)."""
+        b, t, _ = x.shape
+        hq, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
+        if (t == 1 and rotary is None and self.q_norm is None and isinstance(cache, SelfAttnCache)
+                and cache.store.data is not None):  # a decoding step: keys and values into the cache in one copy
+            heads = qkv.view(b, hq + 2 * hkv, 1, dh)  # (B, H + 2 Hkv, 1, Dh): with T = 1, no transpose
+            k, v = cache.append_step(heads[:, hq:])  # (B, Hkv, S, Dh): everything cached so far
+            return heads[:, :hq], k, v
+        q, k, v = qkv.split([hq * dh, hkv * dh, hkv * dh], dim=-1)
+        q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if isinstance(cache, SelfAttnCache):
+            k, v = cache.append(k, v)  # (B, Hkv, S, Dh): the keys this step attends over
+        return q, k, v
+
+    def _record(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, is_causal: bool,
+                weights: Tensor | None, group: int, t: int, state: LinearAttnState | None) -> None:
+        """Hand :attr:`recorder` this pass's attention weights (B, H, T, S) and the mask applied: the ones the
+        reference computed, else recomputed from the pass's own q and k (the kernel that made the output is
+        unchanged); nothing for a linear-attention decoding state, which keeps no keys. q, k as attended (folded by
+        ``group`` rows)."""
+        if self.kind == "linear":
+            if state is not None:
+                return
+            recorded = weights if weights is not None else linear_attention_weights(q, k, mask, is_causal)
+            applied = _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+        elif weights is not None:
+            recorded, applied = weights, _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+        else:
+            recorded, applied = attention_weights(q, k, mask, bias, is_causal=is_causal, scale=self.scale,
+                                                  softcap=self.softcap)
+        if group > 1:  # (B/g, H, g*T, S) -> (B, H, T, S), the mask expanded to that shape first
+            applied = None if applied is None else unfold_queries(applied.expand(recorded.shape), group, t)
+            recorded = unfold_queries(recorded, group, t)
+        self.recorder(recorded, applied, bias)
+
     def extra_repr(self) -> str:
         kernel = self.attention_kernel
         return "" if kernel is None else f"attention_kernel={getattr(kernel, '__name__', type(kernel).__name__)}"
@@ -302,62 +360,23 @@ class MultiHeadAttention(nn.Module):
             (B, T, D) output and the weights or None.
         """
         b, t, _ = x.shape
-        hq, hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        if self.cross:
-            q = self._heads(self.q_proj(x), hq)
-            q = self.q_norm(q) if self.q_norm is not None else q
-            if isinstance(cache, CrossAttnCache) and cache.k is not None:
-                k, v = cache.k, cache.v
-            else:
-                if memory is None:
-                    raise ValueError("cross-attention needs `memory` (or a filled CrossAttnCache)")
-                k, v = self.project_memory(memory)
-                if isinstance(cache, CrossAttnCache):
-                    cache.k, cache.v = k, v
-        else:
-            qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) Dh)
-            if (t == 1 and rotary is None and self.q_norm is None and isinstance(cache, SelfAttnCache)
-                    and cache.store.data is not None):  # a decoding step: keys and values into the cache in one copy
-                heads = qkv.view(b, hq + 2 * hkv, 1, dh)  # (B, H + 2 Hkv, 1, Dh): with T = 1, no transpose
-                q = heads[:, :hq]
-                k, v = cache.append_step(heads[:, hq:])  # (B, Hkv, S, Dh): everything cached so far
-            else:
-                q, k, v = qkv.split([hq * dh, hkv * dh, hkv * dh], dim=-1)
-                q, k, v = self._heads(q, hq), self._heads(k, hkv), self._heads(v, hkv)  # (B, h, T, Dh)
-                if self.q_norm is not None:
-                    q, k = self.q_norm(q), self.k_norm(k)
-                if rotary is not None:
-                    q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-                if isinstance(cache, SelfAttnCache):
-                    k, v = cache.append(k, v)  # (B, Hkv, S, Dh): the keys this step attends over
+        hq, dh = self.n_heads, self.head_dim
+        q, k, v = self._cross_heads(x, memory, cache) if self.cross else self._self_heads(x, rotary, cache)
         group = cache.group if isinstance(cache, CrossAttnCache) else 1
         if group > 1:  # rows i*g .. i*g+g-1 share memory row i
             q = fold_queries(q, group)
-        recorder = self.recorder
+        state = cache if self.kind == "linear" and isinstance(cache, LinearAttnState) else None
         if self.kind == "linear":
-            state = cache if isinstance(cache, LinearAttnState) else None
             out, weights = attend_linear(q, k, v, mask=mask, is_causal=is_causal, state=state,
                                          return_weights=return_weights)
-            if recorder is not None:  # a decoding state keeps no keys: nothing to record then
-                applied = _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
-                recorded = (None if state is not None else weights if weights is not None
-                            else linear_attention_weights(q, k, mask, is_causal))
         else:
             out, weights = self.attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
                                        return_weights=return_weights)
-            if recorder is not None and weights is not None:  # the reference already computed them
-                recorded, applied = weights, _with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
-            elif recorder is not None:  # the output's own q and k; the kernel that made the output is unchanged
-                recorded, applied = attention_weights(q, k, mask, bias, is_causal=is_causal, scale=self.scale,
-                                                      softcap=self.softcap)
+        if self.recorder is not None:
+            self._record(q, k, mask, bias, is_causal, weights, group, t, state)
         if group > 1:  # and back: (B/g, H, g*T, X) -> (B, H, T, X) (a step's output: by the transpose below)
             out = unfold_queries(out, group, t) if t > 1 else out
             weights = unfold_queries(weights, group, t) if weights is not None else None
-        if recorder is not None and recorded is not None:
-            if group > 1:  # (B/g, H, g*T, S) -> (B, H, T, S), the mask expanded to that shape first
-                applied = None if applied is None else unfold_queries(applied.expand(recorded.shape), group, t)
-                recorded = unfold_queries(recorded, group, t)
-            recorder(recorded, applied, bias)
         # (B, H, T, Dh) -> (B, T, H*Dh), and a step's folded (B/g, H, g, Dh) -> (B/g, g, H, Dh) -> (B, 1, H*Dh); with
         # T = 1 and no folding both orders are the same, so no transpose
         out = out.reshape(b, 1, hq * dh) if t == 1 and group == 1 else out.transpose(1, 2).reshape(b, t, hq * dh)

@@ -44,7 +44,7 @@ class KVStore:
         # (newest first); and (capacity, 1) t * B, the first flattened row of each position
         self._flats: list[tuple[Tensor, Tensor]] = []
         self._starts: Tensor | None = None
-        self._starts_for: tuple[int, torch.device] | None = None  # the batch size and device it was made for
+        self._starts_batch = 0  # the batch size B of _starts
         self.filled = 0  # positions written by at least one layer (slotted: all C slots count)
         # addressed by slot: what the current step does, set by DecoderCache.extend for every layer
         self.step_slots: Tensor | None = None  # (t',) long: the slots of the step's stored (last t') positions
@@ -97,9 +97,8 @@ class KVStore:
         if self._spare is None or self._spare.shape[1] != b_new:
             self._spare = data.new_empty(data.shape[0], b_new, *data.shape[2:])
         new = self._spare
-        if self._starts is None or self._starts.shape[0] < n or self._starts_for != (b, index.device):
-            self._starts = torch.arange(data.shape[0], device=index.device)[:, None] * b
-            self._starts_for = (b, index.device)
+        if self._starts is None or self._starts.shape[0] != data.shape[0] or self._starts_batch != b:
+            self._starts, self._starts_batch = torch.arange(data.shape[0], device=data.device)[:, None] * b, b
         torch.index_select(self._flat(data)[:n * b], 0, time_major_index(index, n, b, self._starts),
                            out=self._flat(new)[:n * b_new])
         self.data = new
@@ -334,10 +333,9 @@ class DecoderCache:
         if self.slotted:
             return self._extend_slots(is_token, positions)
         b, t = positions.shape
-        self.padded = self.padded or padded
-        if self.key_pos is None and default and not self.padded:
-            self._length += t
+        if default and self.advance(t, padded):
             return None, None
+        self.padded = self.padded or padded
         if is_token is None:
             is_token = torch.ones(b, t, dtype=torch.bool, device=positions.device)
         if self.key_pos is None and self._length:  # the stored form from here on
