@@ -48,6 +48,15 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def _sharded_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """FSDP's reduce-scatter sums gradients in another order than one process does; Adam turns a last-bit
+    difference in a near-zero gradient into a visible one, so a few weights may differ by up to 1e-4 while
+    all but 0.1% agree to 1e-5 (the runs told apart differ by over 1e-3)."""
+    assert a.keys() == b.keys()
+    far = sum(int(((a[k] - b[k]).abs() > 1e-5).sum()) for k in a)
+    return _max_difference(a, b) < 1e-4 and far <= 1e-3 * sum(t.numel() for t in a.values())
+
+
 def _train(folder: Path, corpus: Path, *args: str) -> int:
     folder.mkdir(exist_ok=True)
     return main(["train", str(_recipe(folder, corpus)), *args])
@@ -84,7 +93,7 @@ def test_fsdp_on_two_ranks_makes_the_updates_of_one_process_and_its_shards_expor
     run = tmp_path / "two" / "run"
     assert _losses(run) == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
     reference = _weights(accumulated / "last")
-    assert _max_difference(reference, _weights(run / "last")) < 1e-5
+    assert _sharded_close(reference, _weights(run / "last"))
     last = run / "last"
     assert has_sharded(last) and sorted(p.name for p in (last / "dcp").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -125,7 +134,7 @@ def test_a_sharded_run_resumes_on_one_rank_and_on_four(tmp_path: Path, corpus_di
     said = capfd.readouterr().out
     assert "processes: 4 -> 1" in said
     assert _losses(folder / "run") == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
-    assert _max_difference(_weights(accumulated / "last"), _weights(folder / "run" / "last")) < 1e-5
+    assert _sharded_close(_weights(accumulated / "last"), _weights(folder / "run" / "last"))
 
 
 def test_a_single_process_run_resumes_sharded_on_two_ranks(tmp_path: Path, corpus_dir: Path,
@@ -135,7 +144,7 @@ def test_a_single_process_run_resumes_sharded_on_two_ranks(tmp_path: Path, corpu
     run_recipe(_recipe(folder, corpus_dir), [*EXACT, "train.accum=2", "train.max_steps=8"])
     assert main(["train", str(folder / "r.toml"), *EXACT, *FSDP, "--resume", "--nproc", "2"]) == 0
     assert _losses(folder / "run") == pytest.approx(_losses(accumulated), rel=0, abs=1e-5)
-    assert _max_difference(_weights(accumulated / "last"), _weights(folder / "run" / "last")) < 1e-5
+    assert _sharded_close(_weights(accumulated / "last"), _weights(folder / "run" / "last"))
 
 
 def test_resume_on_two_ranks_matches_uninterrupted_and_another_world_size_continues(

@@ -19,7 +19,7 @@ from test_training_runs import _run, _said
 
 from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.train.metrics_log import read_metrics
-from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, stop_signals
+from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, held, stop_signals
 
 SETTINGS = ("model.dropout=0.2", "train.eval_every=3")  # dropout: the random generators must come back too
 
@@ -37,7 +37,7 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name)
-@pytest.mark.parametrize("where", ["mid-step", "mid-validation"])
+@pytest.mark.parametrize("where", ["mid-step", "mid-update", "mid-validation"])
 def test_a_stop_signal_saves_the_last_whole_step_and_resuming_equals_no_stop(
         tmp_path: Path, recipe_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
         sig: signal.Signals, where: str) -> None:
@@ -51,6 +51,21 @@ def test_a_stop_signal_saves_the_last_whole_step_and_resuming_equals_no_stop(
 
         with pytest.raises(Stopped) as stopped:
             _run(recipe, *SETTINGS, patch_loss=send)
+    elif where == "mid-update":
+        from aiayn.train.precision import Precision
+
+        real_step, updates = Precision.step, [0]
+
+        def step_between(self, optimizer):  # between step 5's optimizer update and its schedule step
+            real_step(self, optimizer)
+            updates[0] += 1
+            if updates[0] == 5:
+                os.kill(os.getpid(), sig)
+
+        monkeypatch.setattr(Precision, "step", step_between)
+        with pytest.raises(Stopped) as stopped:
+            _run(recipe, *SETTINGS)
+        monkeypatch.setattr(Precision, "step", real_step)
     else:
         from aiayn.tasks.lm import LMTask
 
@@ -66,7 +81,7 @@ def test_a_stop_signal_saves_the_last_whole_step_and_resuming_equals_no_stop(
         with pytest.raises(Stopped) as stopped:
             _run(recipe, *SETTINGS)
         monkeypatch.setattr(LMTask, "evaluate", real)
-    step = 4 if where == "mid-step" else 6
+    step = {"mid-step": 4, "mid-update": 5, "mid-validation": 6}[where]  # an update begun is finished
     assert stopped.value.signum == sig and stopped.value.exit_code == 128 + sig
     last = tmp_path / "again" / "last"
     assert f"stopped by {sig.name} at step {step}; last saved: step {step} in {last}" in _said(capsys)
@@ -90,6 +105,26 @@ def test_an_ignored_sigint_is_handled_and_an_ignored_sighup_stays_ignored(monkey
         pass
     assert signal.SIGINT in installed and signal.SIGTERM in installed and signal.SIGUSR1 in installed
     assert signal.SIGHUP not in installed
+
+
+def test_a_held_block_runs_to_its_end_and_the_stop_follows_it() -> None:
+    ran = []
+    with stop_signals(deferred=False) as handlers:
+        with pytest.raises(Stopped) as stopped:
+            with held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                ran.append("the rest of the block")
+            ran.append("after the block")
+        assert ran == ["the rest of the block"] and stopped.value.signum == signal.SIGTERM
+        with held():  # a later SIGTERM is ignored, as during the save that follows a stop
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+        with pytest.raises(Stopped) as again:  # and a later Ctrl-C is not
+            with held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+    assert again.value.signum == signal.SIGINT and handlers.received == [signal.SIGTERM] * 2 + [signal.SIGINT]
 
 
 def test_a_second_sigterm_does_not_cut_the_save_short_and_a_second_ctrl_c_does() -> None:

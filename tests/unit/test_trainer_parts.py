@@ -215,6 +215,8 @@ def test_accumulated_micro_batches_give_the_gradient_of_their_union(tmp_path: Pa
     reference = build_model(task.config)
     reference.load_state_dict(task.model.state_dict())
     record = step(micro, late=lambda: False)
+    assert all(torch.equal(a, b) for a, b in zip(before, task.model.parameters()))  # the gradients only
+    step.update()
     expected = 0.0
     for b in micro:
         logits = reference(b["ids"]).logits
@@ -346,6 +348,7 @@ def test_last_is_read_back_into_a_new_run(tmp_path: Path) -> None:
     step = TrainStep(task, policy.parallel, policy.precision, cfg, policy.optimizer, policy.scheduler)
     for i in range(2):  # the two steps the state records: optimizer moments to carry over
         step([task.batch(i)], late=lambda: False)
+        step.update()
     policy.save(out / "last", with_state=True)
     again = _Task()
     resumed = read_last(again, cfg, Ranks(), "single", again.checkpoint_config(), {"model": {"d_model": 16}})

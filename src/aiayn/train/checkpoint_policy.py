@@ -196,8 +196,8 @@ class CheckpointPolicy:
                                                  time.time() - started))
         value = metrics[task.select_metric]
         if (self.run.best is None or better(task, value, self.run.best["value"])) and math.isfinite(value):
+            self.save(self.out / "best", with_state=False)  # then the record: a save cut short leaves both as they were
             self.run.best = {"value": value, "step": step}
-            self.save(self.out / "best", with_state=False)
 
     def save(self, path: Path, with_state: bool) -> None:
         """Write the checkpoint ``path`` (rank 0; every rank writes its shards into ``last/`` of a sharded run).

@@ -106,7 +106,8 @@ class TrainStep:
 
     def __call__(self, micro: list[Any], late: Callable[[], bool],
                  stops: Callable[[], list[float]] = list) -> StepRecord:
-        """One step over ``micro``, every micro-batch of the step (this rank computes every N-th of them).
+        """One step's gradients over ``micro``, every micro-batch of the step (this rank computes every N-th of
+        them), clipped; the parameters change only in :meth:`update`.
 
         ``late()`` and ``stops()`` (the stop signals received, :meth:`~aiayn.train.stop_signals.StopSignals.pending`)
         are asked after the backward passes; their answers travel with the step's sums (one collective), so that
@@ -130,11 +131,14 @@ class TrainStep:
                     problem = "non-finite gradient norm"
         if problem is not None:  # nothing changes: no optimizer, scheduler or scaler step
             self.optimizer.zero_grad(set_to_none=True)
-        else:
-            precision.step(self.optimizer)
-            self.scheduler.step()
         return StepRecord(loss, nll, moe, total_targets, grad_norm, problem, late_ranks > 0,
                           agreed(signals) if signals else None)
+
+    def update(self) -> None:
+        """Apply the step :meth:`__call__` computed (a record with no problem): the optimizer's update (float16:
+        the scaler's, which may skip an overflow), then the schedule's."""
+        self.precision.step(self.optimizer)
+        self.scheduler.step()
 
     def _accumulate(self, mine: list[Any], total_targets: int) -> tuple[float, float, float]:
         """Forward and backward passes of this rank's micro-batches: (summed loss, summed nll, summed router loss)."""

@@ -52,7 +52,7 @@ from aiayn.train.progress import TrainingProgress
 from aiayn.train.restore import check_fresh_start, fresh_run, read_last, restore_run, resumed_stream
 from aiayn.train.run_lock import RunLock
 from aiayn.train.step import StepRecord, TrainStep
-from aiayn.train.stop_signals import Stopped, StopSignals, stop_signals
+from aiayn.train.stop_signals import Stopped, StopSignals, held, stop_signals
 from aiayn.train.train_config import TrainConfig
 from aiayn.viz.curves import plot_learning_curves
 
@@ -190,8 +190,10 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
             if record.problem is not None:
                 _skipped(record, run, cfg, policy)
             else:
-                run.step, run.in_a_row = run.step + 1, 0
-                run.mark_done()
+                with held():  # a stop signal waits: the update and its count happen together or not at all
+                    step.update()
+                    run.step, run.in_a_row = run.step + 1, 0
+                    run.mark_done()
                 governor.after_step(record.targets)
                 window.add(record)
                 bar.update(run.step)
