@@ -19,7 +19,7 @@ from test_training_runs import _run, _said
 
 from aiayn.checkpoint import load_training_state, read_state_dict
 from aiayn.train.metrics_log import read_metrics
-from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, held, stop_signals
+from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, stop_signals
 
 SETTINGS = ("model.dropout=0.2", "train.eval_every=3")  # dropout: the random generators must come back too
 
@@ -111,17 +111,17 @@ def test_a_held_block_runs_to_its_end_and_the_stop_follows_it() -> None:
     ran = []
     with stop_signals(deferred=False) as handlers:
         with pytest.raises(Stopped) as stopped:
-            with held():
+            with handlers.held():
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(0.2)
                 ran.append("the rest of the block")
             ran.append("after the block")
         assert ran == ["the rest of the block"] and stopped.value.signum == signal.SIGTERM
-        with held():  # a later SIGTERM is ignored, as during the save that follows a stop
+        with handlers.held():  # a later SIGTERM is ignored, as during the save that follows a stop
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
         with pytest.raises(Stopped) as again:  # and a later Ctrl-C is not
-            with held():
+            with handlers.held():
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.2)
     assert again.value.signum == signal.SIGINT and handlers.received == [signal.SIGTERM] * 2 + [signal.SIGINT]

@@ -5,11 +5,10 @@ The signals are the ones schedulers and terminals send before they kill a proces
 ``--signal``). While :func:`stop_signals` is active they are handled in one of two ways:
 
 - **at once** (one process): the handler raises :class:`Stopped`, a ``KeyboardInterrupt``, wherever the run is, so
-  the trainer's interrupt path drops the batch in flight and saves the last whole step. Inside :func:`held` (a
-  step's update and its count) the raise waits for the block's end, so a step is applied whole or not at all.
-  A second SIGINT during that
-  save skips it (the save is rolled back, the earlier ``last/`` kept); the other signals are then ignored, since the
-  save under way is what their sender waits for.
+  the trainer's interrupt path drops the batch in flight and saves the last whole step. Inside
+  :meth:`StopSignals.held` (a step's update and its count) the raise waits for the block's end, so a step is applied
+  whole or not at all. A second SIGINT during that save skips it (the save is rolled back, the earlier ``last/``
+  kept); the other signals are then ignored, since the save under way is what their sender waits for.
 - **deferred** (the ranks of a data-parallel run): the handler only records the signal. Each step's one collective
   carries every rank's record (:meth:`StopSignals.pending`), so all ranks learn of it after the same step and save
   that step together.
@@ -66,6 +65,7 @@ class StopSignals:
         self.received: list[int] = []  # every stop signal, in arrival order
         self._previous: dict[int, object] = {}
         self._holding = False
+        self._held_stop: int | None = None  # the signal a held block raises for as it ends
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -83,26 +83,26 @@ class StopSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         first = not self.received
         self.received.append(signum)
-        if self.deferred or self._holding:
+        if self.deferred:
             return
         if first or signum == signal.SIGINT:  # a second Ctrl-C cuts the save short
-            raise Stopped(signum)
+            if not self._holding:
+                raise Stopped(signum)
+            if self._held_stop is None:
+                self._held_stop = signum
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """The block runs to its end whatever arrives: a signal that would raise :class:`Stopped` (at once mode)
         raises it as the block ends instead."""
         before, self._holding = self._holding, True
-        arrived = len(self.received)
         try:
             yield
         finally:
             self._holding = before
-        late = self.received[arrived:]
-        if self.deferred or before or not late:
-            return
-        if arrived == 0 or signal.SIGINT in late:  # as _handle would have raised, one block later
-            raise Stopped(late[0] if arrived == 0 else signal.SIGINT)
+        if not before and self._held_stop is not None:
+            signum, self._held_stop = self._held_stop, None
+            raise Stopped(signum)
 
     @property
     def signum(self) -> int | None:
@@ -122,11 +122,6 @@ def agreed(summed: list[float]) -> int | None:
 
 
 _active: StopSignals | None = None
-
-
-def held() -> contextlib.AbstractContextManager[None]:
-    """:meth:`StopSignals.held` of the active handlers; a plain block where none are installed."""
-    return _active.held() if _active is not None else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

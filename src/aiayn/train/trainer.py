@@ -26,6 +26,7 @@ make the updates of one process accumulating ``accum x N`` micro-batches.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from aiayn.train.progress import TrainingProgress
 from aiayn.train.restore import check_fresh_start, fresh_run, read_last, restore_run, resumed_stream
 from aiayn.train.run_lock import RunLock
 from aiayn.train.step import StepRecord, TrainStep
-from aiayn.train.stop_signals import Stopped, StopSignals, held, stop_signals
+from aiayn.train.stop_signals import Stopped, StopSignals, stop_signals
 from aiayn.train.train_config import TrainConfig
 from aiayn.viz.curves import plot_learning_curves
 
@@ -182,6 +183,7 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     stop = cfg.max_minutes is not None and run.elapsed_before / 60 >= cfg.max_minutes  # the same on every rank
     run.mark_done()
     stops = signals.pending if signals is not None and signals.deferred else list  # the ranks' stop signals
+    held = signals.held if signals is not None else contextlib.nullcontext
     try:
         while run.step < cfg.max_steps and not stop:
             micro = _draw(stream, cfg.accum * ranks.world, run)
