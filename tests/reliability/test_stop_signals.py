@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,17 @@ from aiayn.train.metrics_log import read_metrics
 from aiayn.train.stop_signals import STOP_SIGNALS, Stopped, stop_signals
 
 SETTINGS = ("model.dropout=0.2", "train.eval_every=3")  # dropout: the random generators must come back too
+
+
+@pytest.fixture(autouse=True)
+def hang_ups_not_ignored() -> Iterator[None]:
+    """SIGHUP at its default for each test, as a terminal leaves it; a suite started under ``nohup`` inherits it
+    ignored, which the handlers then leave ignored (tested on its own below)."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def _again(recipe_file: Path, tmp_path: Path, name: str) -> Path:
