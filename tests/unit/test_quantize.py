@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 
 import pytest
 import torch
 from torch import nn
 
 from aiayn import AiaynError, ModelConfig, build_model
-from aiayn.accel.cpu import native
+from aiayn.accel.cpu import native, quantize
 from aiayn.accel.cpu.quantize import Int8Linear, _DynamicLinear, quantize_int8
 from aiayn.accel.cpu.settings import SETTINGS
 from aiayn.generate import generate, translate
@@ -91,6 +92,7 @@ def _int8_layer() -> Int8Linear:
 def test_a_steps_few_rows_take_the_weight_only_kernel_and_more_rows_torchs(monkeypatch) -> None:
     """Up to native.MAX_LINEAR_ROWS fp32 rows: the int8 weight times the unrounded rows (so each row's result is
     its own, alone or beside others); more rows, or the native kernels off: torch's dynamic int8 kernel as before."""
+    monkeypatch.setattr(quantize, "int8_dot_product", lambda: False)
     layer, g = _int8_layer(), torch.Generator().manual_seed(1)
     w, b = layer.weight().dequantize(), layer.bias()
     with torch.no_grad():
@@ -106,7 +108,32 @@ def test_a_steps_few_rows_take_the_weight_only_kernel_and_more_rows_torchs(monke
 
 
 @pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
-def test_the_few_row_path_follows_a_replaced_weight_and_survives_copies() -> None:
+def test_on_a_cpu_with_int8_dot_products_large_weights_take_torchs_kernel(monkeypatch) -> None:
+    """A step's few rows times a weight of DOT_PRODUCT_MIN_WEIGHT bytes or more: torch's int8 x int8 kernel; a
+    smaller weight keeps the weight-only kernel (rows independent)."""
+    monkeypatch.setattr(quantize, "int8_dot_product", lambda: True)
+    monkeypatch.setattr(quantize, "DOT_PRODUCT_MIN_WEIGHT", 96 * 40)
+    layer, x = _int8_layer(), torch.randn(2, 96)
+    with torch.no_grad():
+        assert torch.equal(layer(x), _DynamicLinear.forward(layer, x))
+        assert torch.equal(layer(x, "relu"), torch.relu(_DynamicLinear.forward(layer, x)))
+        monkeypatch.setattr(quantize, "DOT_PRODUCT_MIN_WEIGHT", 96 * 40 + 1)
+        assert torch.equal(layer(x[1:2]), layer(x)[1:2])
+        assert not torch.equal(layer(x), _DynamicLinear.forward(layer, x))
+
+
+def test_int8_dot_products_are_read_from_the_cpus_flags() -> None:
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo here")
+    flags = next((ln.split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), None)
+    if flags is None:
+        pytest.skip("no CPU flags in /proc/cpuinfo here")
+    assert quantize.int8_dot_product() == ("avx512_vnni" in flags)
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built here")
+def test_the_few_row_path_follows_a_replaced_weight_and_survives_copies(monkeypatch) -> None:
+    monkeypatch.setattr(quantize, "int8_dot_product", lambda: False)
     layer, x = _int8_layer(), torch.randn(2, 96)
     with torch.no_grad():
         layer(x)  # the int8 rows read and kept

@@ -23,11 +23,16 @@ rows through ``aiayn.accel.cpu.native.int8_rows_linear`` (weight-only: the value
 are fp32, so no activation scale rounds the rows). torch's kernel rounds every row of a call to 8 bits
 with one scale per call, which makes a step's rows depend on each other; this path keeps them independent, so it is
 closer to the fp32 model, and a sentence decoded alone at batch 1 does not change with the other beams' values.
-Many rows (an encoder's tokens, a batched beam search) keep torch's int8 kernel, which is faster there.
+Many rows (an encoder's tokens, a batched beam search) keep torch's int8 kernel, which is faster there. So do a
+step's few rows times a weight of at least :data:`DOT_PRODUCT_MIN_WEIGHT` bytes on CPUs with int8 dot-product
+instructions (AVX-512 VNNI, :func:`int8_dot_product`), where torch's kernel multiplies int8 by int8 faster than the
+weight-only kernel widens the weight (docs/performance.md); there a step's rows share one activation scale, as many
+rows do everywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from copy import deepcopy as copy_module
@@ -74,6 +79,21 @@ def quantize_int8(model: nn.Module) -> nn.Module:
                                 inplace=True).eval()
 
 
+#: the int8 weight size from which torch's kernel takes a step's few rows on CPUs with int8 dot products (smaller
+#: weights stay in cache, where the two kernels run alike and the weight-only one keeps rows independent)
+DOT_PRODUCT_MIN_WEIGHT = 1 << 20
+
+
+@functools.cache
+def int8_dot_product() -> bool:
+    """Whether this CPU has AVX-512 VNNI, the int8 dot-product instructions torch's int8 kernel (fbgemm) uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in f)
+    except OSError:
+        return False
+
+
 with warnings.catch_warnings():  # (see quantize_int8)
     warnings.simplefilter("ignore")
     from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
@@ -97,7 +117,7 @@ class Int8Linear(_DynamicLinear):
     def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
         """x (..., in) -> (..., out), ``activation`` ("relu" or "gelu") applied: the native kernel at up to
         ``native.MAX_LINEAR_ROWS`` fp32 rows where it is built (the activation fused), torch's int8 kernel
-        otherwise."""
+        otherwise (and for large weights on CPUs with :func:`int8_dot_product`)."""
         plan = self.rows_plan(x.shape, x.dtype, activation)
         if plan is not None:
             return plan(x)
@@ -108,7 +128,10 @@ class Int8Linear(_DynamicLinear):
                   activation: str | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The native product for inputs of ``shape`` and ``dtype`` (``activation``, "relu" or "gelu", applied in
         it), as a function x -> y carrying its ``native_product``; None where it does not serve (more rows, another
-        dtype, no native kernels, a weight with nonzero zero points)."""
+        dtype, no native kernels, a large weight on a CPU with :func:`int8_dot_product`, a weight with nonzero zero
+        points)."""
+        if int8_dot_product() and self.in_features * self.out_features >= DOT_PRODUCT_MIN_WEIGHT:
+            return None
         if dtype != torch.float32 or not shape or shape.numel() > native.MAX_LINEAR_ROWS * shape[-1]:
             return None
         if native.library() is None:
