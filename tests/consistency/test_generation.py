@@ -358,6 +358,38 @@ def test_rows_stop_individually_and_stream() -> None:
         assert [t for j, t in events if j == i] == o
 
 
+def test_a_stop_read_one_step_late_gives_the_same_outputs(monkeypatch) -> None:
+    """On an accelerator the loop reads "every row stopped" one step late (LaggedFlag): forced here on the CPU,
+    greedy and sampled outputs with rows stopping at different steps equal the prompt read's, one step later."""
+    from aiayn.generate import common, sampling
+    model = lm("alibi")
+    free = generate(model, PROMPTS, max_new_tokens=10, greedy=True, stop_ids=())
+    kw = dict(max_new_tokens=10, stop_ids=tuple({f[2] for f in free}))  # every greedy row stops by its 3rd token
+    prompt = [generate(model, PROMPTS, greedy=True, **kw), generate(model, PROMPTS, seed=7, **kw)]
+    steps = {"prompt": 0, "lagged": 0}
+    real_step = LMStepper.step
+
+    def counted(self, tokens, key):
+        steps[key] += 1
+        return real_step(self, tokens)
+    monkeypatch.setattr(LMStepper, "step", lambda self, tokens: counted(self, tokens, "prompt"))
+    generate(model, PROMPTS, greedy=True, **kw)
+    monkeypatch.setattr(LMStepper, "step", lambda self, tokens: counted(self, tokens, "lagged"))
+    monkeypatch.setattr(sampling, "LaggedFlag", lambda device, lagged=None: common.LaggedFlag(device, lagged=True))
+    assert generate(model, PROMPTS, seed=7, **kw) == prompt[1]
+    steps["lagged"] = 0
+    assert generate(model, PROMPTS, greedy=True, **kw) == prompt[0]
+    assert max(len(o) for o in prompt[0]) < 10  # every row stopped before its limit: the late read mattered
+    assert steps["lagged"] == steps["prompt"] + 1
+
+
+def test_a_lagged_flag_answers_one_call_late() -> None:
+    from aiayn.generate.common import LaggedFlag
+    flag = LaggedFlag(torch.device("cpu"), lagged=True)
+    assert [flag.seen(torch.tensor(v)) for v in (False, True, False, True)] == [False, False, True, False]
+    assert [LaggedFlag(torch.device("cpu")).seen(torch.tensor(v)) for v in (False, True)] == [False, True]
+
+
 def test_sampling_is_reproducible_and_top_k_1_is_greedy(device: str) -> None:
     model = lm("rope").to(device)
     a = generate(model, PROMPTS, max_new_tokens=12, seed=3, stop_ids=())

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from aiayn.models.heads import next_log_probs, next_scores
 
-__all__ = ["Hypothesis", "force_token", "length_penalty", "next_log_probs", "next_scores"]
+__all__ = ["Hypothesis", "LaggedFlag", "force_token", "length_penalty", "next_log_probs", "next_scores"]
 
 
 @dataclass
@@ -54,3 +54,34 @@ def force_token(logp: Tensor, rows: Tensor, token_id: int) -> Tensor:
     only = torch.full_like(logp, float("-inf"))
     only[:, token_id] = logp[:, token_id]
     return torch.where(rows[:, None], only, logp)
+
+
+class LaggedFlag:
+    """A loop's "every row has stopped" flag read on the host without waiting for the step that set it.
+
+    On the CPU :meth:`seen` is ``bool(flag)``. On an accelerator it starts the flag's copy to pinned host memory and
+    returns the copy started one call earlier, so the host queues step t+1 while step t runs instead of waiting
+    for it: a loop stops one step late, a step in which every row has already stopped and changes nothing.
+    """
+
+    def __init__(self, device: torch.device, lagged: bool | None = None) -> None:
+        """``lagged``: read one call late (default: off the CPU)."""
+        self.lagged = device.type != "cpu" if lagged is None else lagged
+        self._pending: tuple[Tensor, torch.Event | None] | None = None
+
+    def seen(self, flag: Tensor) -> bool:
+        """flag () bool -> whether it was true (this call's on the CPU, the previous call's when lagged)."""
+        if not self.lagged:
+            return bool(flag)
+        pinned = flag.device.type != "cpu"
+        host = torch.empty((), dtype=torch.bool, pin_memory=pinned)
+        host.copy_(flag, non_blocking=pinned)
+        event = torch.Event(flag.device) if pinned else None
+        if event is not None:
+            event.record()
+        previous, self._pending = self._pending, (host, event)
+        if previous is None:
+            return False
+        if previous[1] is not None:
+            previous[1].synchronize()
+        return bool(previous[0])

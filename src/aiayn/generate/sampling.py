@@ -1,7 +1,8 @@
 """Token-by-token decoding (greedy or sampled), one loop for every model behind a :class:`Stepper`.
 
 Each row stops on its own at a stop id (or at its length limit); the loop ends when every row has stopped,
-checked with a single ``.all()`` per step.
+checked with a single ``.all()`` per step; on an accelerator the host reads that flag one step late
+(:class:`aiayn.generate.common.LaggedFlag`), so it never waits for the step it has just queued.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from aiayn.generate.common import force_token, next_log_probs, next_scores
+from aiayn.generate.common import LaggedFlag, force_token, next_log_probs, next_scores
 from aiayn.generate.filtering import filter_logits
 from aiayn.generate.steppers import Stepper
 
@@ -98,6 +99,7 @@ def decode_loop(
     logprob = torch.zeros(n, dtype=torch.float32, device=device) if with_logprob else None
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    all_stopped = LaggedFlag(device, lagged=False if on_token is not None else None)  # streaming syncs anyway
     for t in range(total):
         scores = next_log_probs(logits, banned_ids) if with_logprob else next_scores(logits, banned_ids)  # (N, V)
         if force_stop_id is not None and t in limit_steps:
@@ -117,7 +119,7 @@ def decode_loop(
             rows = emit.nonzero().squeeze(1)
             for row, token in zip(rows.tolist(), tok[rows].tolist()):
                 on_token(row, token)
-        if t + 1 == total or bool(finished.all()):
+        if t + 1 == total or all_stopped.seen(finished.all()):
             break
         logits = stepper.step(tok)
     return out, lengths, logprob if logprob is not None else torch.full((n,), float("nan"), device=device)
