@@ -4,12 +4,13 @@ Each case is decoded by the accelerated model as ``load_pretrained`` gives it ("
 built and run with one of the accelerator's paths switched off (:func:`aiayn.accel.cpu.settings.overridden`), so
 that torch's own kernels (MKL or oneDNN through ``F.linear``, SDPA, ``topk``) do its work:
 
-- ``native=False``: every compiled kernel of :mod:`aiayn.accel.cpu.native` (few-row linear layers, beam search's
-  top-k, int8 rows, the screened argmax's int8 screen);
+- ``native=False``: every compiled kernel of :mod:`aiayn.accel.cpu.native` (few-row linear layers, a step's
+  attention, beam search's top-k, int8 rows, the screened argmax's int8 screen);
 - ``fp32_gemm="torch"``: torch's default BLAS for fp32 products instead of the per-CPU choice (oneDNN on AMD CPUs);
 - ``screened_argmax=False``: greedy's output layer multiplied in full instead of screened (greedy cases only);
-- ``decode_attention="flash"``: a step's attention always through SDPA's flash kernel, instead of two matmuls
-  from 64 (batch x head) blocks up (:mod:`aiayn.accel.cpu.decode_attention`).
+- ``decode_attention="shape"``: a step's attention through torch's kernels (two matmuls from 64 (batch x head)
+  blocks up, SDPA's flash kernel below: :mod:`aiayn.accel.cpu.decode_attention`) instead of the native kernel;
+- ``decode_attention="flash"``: a step's attention always through SDPA's flash kernel.
 
 The gain of a path is the median decode time with it off over the median with everything on (> 1: the path makes
 the decode faster). Runs alternate between the variants, and the table names any variant whose tokens differ.
@@ -45,7 +46,8 @@ PATHS: dict[str, dict[str, Any]] = {
     "native kernels": {"native": False},
     "per-CPU fp32 library": {"fp32_gemm": "torch"},
     "greedy's int8 screen": {"screened_argmax": False},
-    "step attention by shape": {"decode_attention": "flash"},
+    "native step attention": {"decode_attention": "shape"},
+    "native step attention, against flash": {"decode_attention": "flash"},
 }
 ALL_ON = "all on"
 STEPS = 20
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(row)
         print(case + ": " + ", ".join(f"{k} {benchlib.fmt(v)}" for k, v in row.items() if k != "case"), flush=True)
     payload = {"rows": rows, "threads": args.threads, "wall_s": time.time() - started}
-    benchlib.report("kernel_gains", payload, list(rows[0]), quick=args.quick)
+    benchlib.report(f"kernel_gains-threads{args.threads}", payload, list(rows[0]), quick=args.quick)
     return payload
 
 

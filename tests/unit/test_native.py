@@ -113,6 +113,32 @@ def test_softmax_lse_strided_rows_and_the_exponential_edges() -> None:
         native.softmax_lse_(torch.randn(5, 3).T)
 
 
+@needs_native
+@pytest.mark.parametrize("b,h,hkv,t,s,d", [(4, 4, 4, 1, 7, 64), (9, 8, 2, 1, 21, 32), (5, 4, 4, 4, 20, 64),
+                                          (3, 6, 3, 2, 300, 16), (2, 3, 1, 3, 600, 20)])
+def test_few_query_attention_equals_reference(b: int, h: int, hkv: int, t: int, s: int, d: int) -> None:
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(b, h, t, d, generator=g)
+    k, v = torch.randn(2, b, hkv, s, d, generator=g)
+    mask = torch.rand(b, s, generator=g) > 0.3
+    mask[0] = False  # a row with no allowed key: zeros
+    for m in (None, mask):
+        want = native.few_query_attention_reference(q, k, v, m, 0.3)
+        torch.testing.assert_close(native.few_query_attention(q, k, v, m, 0.3), want, rtol=1e-5, atol=1e-5)
+    assert native.few_query_attention(q, k, v, mask, 0.3)[0].abs().sum() == 0
+    # folded queries and output as strided views, as the fast step's cross-attention passes them
+    qf = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, Dh) over a (B, T, H, Dh) buffer
+    out = torch.full((b, t, h, d), float("nan"))
+    native.few_query_attention(qf, k, v, mask, 0.3, out=out.transpose(1, 2))
+    torch.testing.assert_close(out.transpose(1, 2), native.few_query_attention_reference(q, k, v, mask, 0.3),
+                               rtol=1e-5, atol=1e-5)
+    # on time-major strided views, as the KV store gives them
+    store = torch.randn(s + 3, b + 2, 2, hkv, d, generator=g)  # (capacity, buffer rows, k/v, Hkv, Dh)
+    ks, vs = store[:s, :b, 0].permute(1, 2, 0, 3), store[:s, :b, 1].permute(1, 2, 0, 3)  # (B, Hkv, S, Dh)
+    want = native.few_query_attention_reference(q, ks, vs, mask, 0.3)
+    torch.testing.assert_close(native.few_query_attention(q, ks, vs, mask, 0.3), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 @needs_native
 def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,25 +151,25 @@ def test_beam_search_same_with_and_without_native(monkeypatch: pytest.MonkeyPatc
     model.load_state_dict(reference.state_dict())
     src = torch.randint(4, 50, (5, 9))
     src[1, 6:] = 0  # padding
-    out, calls = {}, []  # the native top-k's calls: beam search's candidates with the native kernels on
-    kernel = native.row_top
+    out, queries = {}, []  # the native attention's query counts per block: 1 self-attention, 4 (beams) cross
+    kernel = native.few_query_attention
 
-    def counted(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        calls.append(1)
-        return kernel(*args, **kwargs)
+    def counted(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        queries.append(q.shape[2])
+        return kernel(q, *args, **kwargs)
 
-    monkeypatch.setattr(native, "row_top", counted)
+    monkeypatch.setattr(native, "few_query_attention", counted)
     for flag in ("0", "1"):
         monkeypatch.setattr(SETTINGS, "native", flag == "1")
         out[flag] = translate(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=5, bos_id=1, eos_id=2,
                               pad_id=0, n_best=2)
         if flag == "0":
-            assert calls == []
-    assert calls  # the accelerated search went through the kernel
-    calls.clear()
+            assert queries == []
+    assert 1 in queries and 4 in queries  # both attentions of the fast step went through the kernel
+    queries.clear()
     out["reference"] = translate(reference, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=5, bos_id=1,
                                  eos_id=2, pad_id=0, n_best=2)
-    assert calls == []
+    assert queries == []
     for a, b, r in zip(out["0"], out["1"], out["reference"], strict=True):
         assert [h.tokens for h in b] == [h.tokens for h in r]
         for x, y in zip(b, r):

@@ -51,10 +51,10 @@ _KERNELS = {"flash": _flash, "matmul": matmul_attention}
 
 
 def chosen_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> str:
-    """"flash" or "matmul" for this call: ``SETTINGS.decode_attention`` if it pins one, else "matmul" from
-    ``MATMUL_BLOCKS`` (batch x head) blocks up."""
+    """"flash" or "matmul" for this call: ``SETTINGS.decode_attention`` if it pins one, else ("auto", "shape")
+    "matmul" from ``MATMUL_BLOCKS`` (batch x head) blocks up."""
     setting = SETTINGS.decode_attention
-    if setting != "auto":
+    if setting in _KERNELS:
         return setting
     return "matmul" if q.shape[0] * q.shape[1] >= MATMUL_BLOCKS else "flash"
 

@@ -37,18 +37,38 @@ def attention_supports(module: MultiHeadAttention) -> bool:
     return module.kind == "softmax" and module.softcap is None and module.backend in ("auto", "reference", "sdpa")
 
 
+def _key_mask(mask: Tensor | None) -> Tensor | None | bool:
+    """An attention mask as the native decode kernel takes it, (B|1, S) bool or None (no mask), or False where it
+    varies over heads or queries."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool:
+        return False
+    if mask.dim() == 4 and mask.shape[1:3] == (1, 1):
+        return mask[:, 0, 0, :]
+    if mask.dim() == 2 and mask.shape[0] == 1:  # (T=1, S): the same for every row
+        return mask
+    return False
+
+
 def cpu_attention_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
                          dropout_p: float, is_causal: bool, scale: float) -> Tensor:
     """The "sdpa" backend's kernel on the CPU (:data:`aiayn.nn.attention.AttentionKernel`: q (B, H, T, Dh), k and v
     (B, Hkv, S, Dh) -> (B, H, T, Dh)).
 
-    A decoding step's few queries (fp32, no position bias) take :mod:`~aiayn.accel.cpu.decode_attention`; training
-    over at most 64 keys takes :mod:`~aiayn.accel.cpu.short_attention`; low-precision training attends in fp32
-    (torch's bf16 CPU flash backward is slow); everything else is :func:`aiayn.nn.attention.fused_attention`.
+    A decoding step's few queries take the native kernel where it is built (fp32, a key mask per row, no position
+    bias), else :mod:`~aiayn.accel.cpu.decode_attention`; training over at most 64 keys takes
+    :mod:`~aiayn.accel.cpu.short_attention`; low-precision training attends in fp32 (torch's bf16 CPU flash backward
+    is slow); everything else is :func:`aiayn.nn.attention.fused_attention`.
     """
     if q.device.type != "cpu":
         return fused_attention(q, k, v, mask, bias, dropout_p, is_causal, scale)
     if bias is None and decode_attention.applies(q, k, dropout_p, is_causal):
+        key_mask = _key_mask(mask)
+        if (key_mask is not False and SETTINGS.decode_attention == "auto" and native.library() is not None
+                and native.cpu_fp32(q, k, v) and k.stride() == v.stride() and k.stride(-1) == 1
+                and q.stride(-1) == 1):
+            return native.few_query_attention(q, k, v, key_mask, scale)
         h = q.shape[1]
         return decode_attention.few_query_attention(q, _expand_kv(k, h), _expand_kv(v, h), mask, scale)
     k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])

@@ -18,8 +18,8 @@ class Settings:
         native: use the compiled kernels (:mod:`aiayn.accel.cpu.native`) where they can be built.
         fp32_gemm: fp32 product library, "auto" (per CPU vendor), "onednn" or "torch" (:mod:`aiayn.accel.cpu.gemm`).
         screened_argmax: screen the output layer in greedy search (:mod:`aiayn.accel.cpu.screened_argmax`).
-        decode_attention: a decoding step's attention kernel, "auto" (by shape), "flash" or "matmul"
-            (:mod:`aiayn.accel.cpu.decode_attention`).
+        decode_attention: a decoding step's attention kernel, "auto" (the native kernel where it is built, else by
+            shape), "shape" (torch's kernels by shape), "flash" or "matmul" (:mod:`aiayn.accel.cpu.decode_attention`).
     """
 
     native: bool = True

@@ -9,6 +9,8 @@ again or costs more in dispatch than in arithmetic (measured: docs/performance.m
 - training's loss gradient, the softmax of a chunk of logits: ``log_softmax`` then ``exp_`` write and read a second
   (N, V) tensor with two exps per entry; :func:`softmax_lse_` turns the logits into their softmax in place, one exp
   per entry, each row in the caches after its first pass (:mod:`aiayn.accel.cpu.fused_loss`);
+- one decoding step's attention: :func:`few_query_attention` reads every cached key and value once, grouped query
+  heads included (the attention kernel seam, :func:`aiayn.accel.cpu.functional.cpu_attention_kernel`);
 - a linear layer at a decoding step's few rows: :func:`rows_linear` streams the (column-major) weight once, each
   thread its own contiguous band of it, where oneDNN's and MKL's kernels read it at a lower rate
   (:meth:`aiayn.accel.cpu.packed.PackedLinear.plan` takes it for up to ``MAX_LINEAR_ROWS`` rows);
@@ -43,13 +45,16 @@ import torch
 from torch import Tensor
 
 from aiayn.accel.cpu.settings import SETTINGS
+from aiayn.nn.attention import scaled_dot_product_attention
 
 SOURCES = (Path(__file__).with_name("kernels.c"),)
 HEADERS = (Path(__file__).with_name("kernels.h"),)  # what the sources share
-_I, _P = ctypes.c_int64, ctypes.c_void_p
+_I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "aiayn_row_top": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _I],
     "aiayn_softmax_lse": [_P, _I, _I, _I, _P, _I],
+    "aiayn_few_query_attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I,
+                                  _I, _I, _I, _I, _I, _I, _F, _I],
     "aiayn_rows_linear": [_P, _I, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I],
     "aiayn_int8_screen": [_P, _I, _I, _I, _P, _P, _I, _P, _I, _I],
     "aiayn_int8_rows_linear": [_P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I],
@@ -210,6 +215,52 @@ def softmax_lse_(x: Tensor) -> Tensor:
     lse = x.new_empty(N)
     library().aiayn_softmax_lse(x.data_ptr(), N, V, x.stride(0), lse.data_ptr(), torch.get_num_threads())
     return lse
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+
+def few_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """A decoding step's attention in PyTorch (the reference backend of the one attention core): what
+    :func:`few_query_attention` computes.
+
+    Args:
+        q: (B, H, T, Dh).
+        k, v: (B, Hkv, S, Dh) with H a multiple of Hkv.
+        mask: (B|1, S) bool, True = may attend, or None.
+        scale: the score scale.
+    Returns:
+        (B, H, T, Dh); a query with no allowed key gives zeros.
+    """
+    mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S)
+    return scaled_dot_product_attention(q, k, v, mask=mask, backend="reference", scale=scale)[0]
+
+
+def few_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                        out: Tensor | None = None) -> Tensor:
+    """:func:`few_query_attention_reference` by the native kernel: each key and value read once.
+
+    ``k`` and ``v`` must have the same strides, and every tensor a contiguous last dimension; ``mask`` (B|1, S) bool
+    (any strides). ``out``: (B, H, T, Dh) to write into
+    (any strides, last dimension contiguous), else a new contiguous tensor. Call only where :func:`library` is not
+    None and the tensors are fp32 CPU tensors (:func:`cpu_fp32`).
+    """
+    B, H, T, D = q.shape
+    _, Hkv, S, _ = k.shape
+    if k.stride() != v.stride() or q.stride(-1) != 1 or k.stride(-1) != 1 or H % Hkv:
+        raise ValueError("few_query_attention: keys and values need equal strides, a contiguous last dimension and "
+                         "a head count that divides the query heads")
+    if out is None:
+        out = q.new_empty(B, H, T, D)
+    if mask is None:
+        m_ptr, m_sb, m_ss = 0, 0, 0
+    else:
+        mask = mask.expand(B, S)
+        m_ptr, m_sb, m_ss = mask.data_ptr(), mask.stride(0), mask.stride(1)
+    library().aiayn_few_query_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1),
+        k.stride(2), 0, 0, m_ptr, m_sb, m_ss, out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
+        B, H, Hkv, T, S, D, scale, torch.get_num_threads())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- linear

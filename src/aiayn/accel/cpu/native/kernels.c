@@ -4,6 +4,8 @@
  * where PyTorch's own kernels read the same memory several times or cost more in dispatch than in arithmetic:
  *   aiayn_row_top             a row's log-sum-exp and its n best entries in two passes over the row;
  *   aiayn_softmax_lse         rows' softmax in place and their log-sum-exp (training's fused loss);
+ *   aiayn_few_query_attention one decoding step's attention (self- or cross-), vectorized, optionally through
+ *                             a table of cache rows (beam search's reordering without copying the cache);
  *   aiayn_rows_linear         a linear layer for a few rows (a decoding step's), streaming the weight once;
  *   aiayn_panel_linear        a linear layer for many rows (batched beam search's), from a weight packed in panels;
  *   aiayn_int8_screen         a few rows times an int8 copy of an output layer with row scales (greedy's screen);
@@ -206,6 +208,75 @@ void aiayn_softmax_lse(float* x, int64_t N, int64_t V, int64_t xs, float* lse, i
         int64_t j = 0;
         for (; j + VW <= V; j += VW) *(vf*)(row + j) = exp_nonpos_v(*(vf*)(row + j) - lv);
         for (; j < V; j++) row[j] = exp_nonpos(row[j] - l);
+    }
+}
+
+/* One decoding step's attention: for each block b, query head h and query t,
+ *   out[b, h, t, :] = softmax_s(scale * q[b, h, t, :] . k[b', h / g, s, :], masked) @ v[b', h / g, s, :],
+ * g = H / Hkv, over s < S, where b' = b, or rows[s * r_ss + b] when a row table is given (the cache row that
+ * holds block b's position s). Keys and values share their strides (kv_sb, kv_sh, kv_ss; last dim contiguous);
+ * q and out have their own (last dim contiguous). mask: (B, S) 0/1 with strides (m_sb, m_ss), 1 = may attend,
+ * or NULL. A query with no allowed key gets zeros.
+ * Per block, the allowed keys' offsets are listed once; per (h, t) the scores are vector dot products, the softmax
+ * is exp_nonpos, and the output is four interleaved partial sums of weighted value vectors, scaled once. */
+void aiayn_few_query_attention(const float* q, int64_t q_sb, int64_t q_sh, int64_t q_st,
+                               const float* k, const float* v, int64_t kv_sb, int64_t kv_sh, int64_t kv_ss,
+                               const int64_t* rows, int64_t r_ss,
+                               const uint8_t* mask, int64_t m_sb, int64_t m_ss,
+                               float* out, int64_t o_sb, int64_t o_sh, int64_t o_st,
+                               int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t S, int64_t D,
+                               float scale, int64_t threads) {
+    const int64_t g = H / Hkv;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && B * H * T * S * D >= (1 << 16))
+    for (int64_t b = 0; b < B; b++) {
+        float pstack[512];
+        int64_t kstack[512];
+        float* p = S <= 512 ? pstack : (float*)malloc(sizeof(float) * S);  /* one query's weights over the keys */
+        int64_t* ko = S <= 512 ? kstack : (int64_t*)malloc(sizeof(int64_t) * S);  /* allowed key a's offset */
+        const uint8_t* mb = mask ? mask + b * m_sb : NULL;
+        int64_t A = 0;  /* the allowed keys, in order */
+        for (int64_t s = 0; s < S; s++)
+            if (!mb || mb[s * m_ss]) ko[A++] = (rows ? rows[s * r_ss + b] : b) * kv_sb + s * kv_ss;
+        for (int64_t h = 0; h < H; h++) {
+            const float* kh = k + (h / g) * kv_sh;
+            const float* vh = v + (h / g) * kv_sh;
+            for (int64_t t = 0; t < T; t++) {
+                const float* qt = q + b * q_sb + h * q_sh + t * q_st;
+                float* o = out + b * o_sb + h * o_sh + t * o_st;
+                if (A == 0) { memset(o, 0, sizeof(float) * D); continue; }
+                float m = -INFINITY, sum = 0.0f;
+                for (int64_t a = 0; a < A; a++) {  /* scores */
+                    p[a] = scale * dot(qt, kh + ko[a], D);
+                    m = p[a] > m ? p[a] : m;
+                }
+                int64_t a0 = 0;  /* softmax, normalized at the end */
+                for (; a0 + VW <= A; a0 += VW) *(vf*)(p + a0) = exp_nonpos_v(*(const vf*)(p + a0) - splat(m));
+                for (; a0 < A; a0++) p[a0] = exp_nonpos(p[a0] - m);
+                #pragma omp simd reduction(+:sum)
+                for (int64_t a = 0; a < A; a++) sum += p[a];
+                const float inv = 1.0f / sum;
+                int64_t d = 0;
+                for (; d + VW <= D; d += VW) {  /* weighted values: four partial sums per output vector */
+                    vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                    int64_t a = 0;
+                    for (; a + 4 <= A; a += 4) {
+                        a0 += p[a] * *(const vf*)(vh + ko[a] + d);
+                        a1 += p[a + 1] * *(const vf*)(vh + ko[a + 1] + d);
+                        a2 += p[a + 2] * *(const vf*)(vh + ko[a + 2] + d);
+                        a3 += p[a + 3] * *(const vf*)(vh + ko[a + 3] + d);
+                    }
+                    for (; a < A; a++) a0 += p[a] * *(const vf*)(vh + ko[a] + d);
+                    *(vf*)(o + d) = ((a0 + a1) + (a2 + a3)) * inv;
+                }
+                for (; d < D; d++) {  /* a head width that is not a multiple of the vector width */
+                    float acc = 0.0f;
+                    for (int64_t a = 0; a < A; a++) acc += p[a] * vh[ko[a] + d];
+                    o[d] = acc * inv;
+                }
+            }
+        }
+        if (p != pstack) free(p);
+        if (ko != kstack) free(ko);
     }
 }
 
