@@ -26,6 +26,7 @@ import ab_revisions  # noqa: E402
 import benchlib  # noqa: E402
 import converted_gpt2  # noqa: E402
 import generate_lm  # noqa: E402
+import kernel_gains  # noqa: E402
 import matmul_peak  # noqa: E402
 import multi30k_epoch  # noqa: E402
 import roofline  # noqa: E402
@@ -431,3 +432,11 @@ def test_roofline_counts_the_weights_a_step_reads_at_their_stored_width() -> Non
     for row in payload["rows"]:
         assert row["read_gb_s"] > 0 and 0 < row["fraction"] < 1
         assert row["bound_tok_s"] == pytest.approx(row["read_gb_s"] * 1e3 / row["weight_mb_per_token"])
+
+
+def test_kernel_gains_times_every_path_on_the_same_weights() -> None:
+    tiny = translate_beam.Seq2SeqSize("tiny", d_model=32, d_ff=64, n_heads=4, n_layers=2, vocab_size=61)
+    medians, differ = kernel_gains.measure(lambda: translate_beam.reference_model(tiny), kernel_gains.beam_decode(2),
+                                           greedy=False, runs=1)
+    assert set(medians) == {kernel_gains.ALL_ON} | {p for p in kernel_gains.PATHS if "screen" not in p}
+    assert all(t > 0 for t in medians.values()) and differ == []
