@@ -403,9 +403,10 @@ def test_converted_gpt2_decodes_what_transformers_decodes(tmp_path: Path) -> Non
 
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=97, n_positions=64, bos_token_id=96,
                         eos_token_id=96)
-    row = converted_gpt2.bench_converted(config, prompt_len=5, new_tokens=6, runs=1, folder=tmp_path)
+    row = converted_gpt2.bench_converted(config, prompt_len=5, new_tokens=6, runs=1, folder=tmp_path, read_gb_s=10.0)
     assert row["same_tokens"] == 1.0 and row["new_tokens"] == 6
-    assert row["aiayn_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["from_hf_s"] > 0
+    assert row["aiayn_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["from_hf_s"] > 0 and row["int8_tok_s"] > 0
+    assert 0 < row["fraction_of_bound"] and 0 < row["int8_fraction_of_bound"] and 0 < row["hf_fraction_of_bound"]
     assert (tmp_path / "aiayn" / "model.safetensors").is_file() and (tmp_path / "hf-again" / "config.json").is_file()
 
 
