@@ -202,12 +202,38 @@ class LMStepper:
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not
         ``project``)."""
+        out = self.prefill(self.ids.shape[1])
+        assert out is not None
+        return out
+
+    def prefill(self, columns: int) -> Tensor | None:
+        """Prefill the next ``columns`` prompt columns (a long prompt in chunks, between other rows' steps): what
+        :meth:`first` returns once the last column is in, else None. A prefix-LM prompt goes in one chunk."""
         b, p = self.ids.shape
-        positions = None if self.next_pos is None else (self.is_token.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
+        start = self.cache.length
+        end = p if self.prefix_lm else min(p, start + columns)
+        if start == 0:
+            self._positions = None if self.next_pos is None else (self.is_token.long().cumsum(1) - 1).clamp(min=0)
+        positions = None if self._positions is None else self._positions[:, start:end]  # (B, T)
         prefix_len = torch.full((b,), p, dtype=torch.long, device=self.ids.device) if self.prefix_lm else None
-        out = self.model(self.ids, is_token=self.is_token, positions=positions, prefix_len=prefix_len,
-                         cache=self.cache, compute_logits=False)
-        return self._output(out.hidden[:, -1])  # only the last position: (B, V), not (B, P, V)
+        out = self.model(self.ids[:, start:end], is_token=self.is_token[:, start:end], positions=positions,
+                         prefix_len=prefix_len, cache=self.cache, compute_logits=False)
+        return self._output(out.hidden[:, -1]) if end == p else None  # the last position only: (B, V)
+
+    def join(self, other: LMStepper) -> None:
+        """Append ``other``'s rows (prefilled, their first token chosen but not fed) after this stepper's, which
+        are between steps: a batch that new requests join while it decodes (:meth:`DecoderCache.joined`)."""
+        if self.project != other.project:
+            raise ValueError("join steppers that return the same thing (logits, or hidden states)")
+        next_pos = torch.cat([self._next_positions(), other._next_positions()])
+        self.cache, self.next_pos = self.cache.joined(other.cache), next_pos
+
+    def _next_positions(self) -> Tensor:
+        """(B,) long: each row's next position id."""
+        if self.next_pos is not None:
+            return self.next_pos
+        rows = self.cache.store.data.shape[1]
+        return torch.full((rows,), self.cache.length, dtype=torch.long, device=self.cache.store.data.device)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> logits (N, V) (hidden states (N, D) when not ``project``)."""

@@ -410,3 +410,58 @@ class DecoderCache:
         if self.key_pos is not None:
             self.key_mask = self.key_mask.index_select(0, index)
             self.key_pos = self.key_pos.index_select(0, index)
+
+    def joined(self, other: DecoderCache) -> DecoderCache:
+        """A cache of this cache's rows followed by ``other``'s, for a batch that new rows join while it decodes.
+
+        Both must be self-attention caches addressed by position. Each row keeps its keys, values and position ids;
+        the shorter cache's rows are right-aligned (its rows' first positions become padding, masked), so every
+        row's next position is the joined cache's next one.
+        Returns:
+            a new cache of B_self + B_other rows and length max(L_self, L_other); neither input is changed.
+        """
+        if self.slotted or other.slotted or self.cross_attn or other.cross_attn:
+            raise ValueError("only decoder-only caches addressed by position can be joined")
+        a, b = self.store.data, other.store.data
+        if a is None or b is None:
+            raise ValueError("join caches after their prompts are stored")
+        la, lb = self._length, other._length
+        n = max(la, lb)
+        joined = DecoderCache(self.store.n_layers, max(a.shape[0], b.shape[0], n))
+        data = a.new_zeros(joined.store.capacity, a.shape[1] + b.shape[1], *a.shape[2:])
+        data[n - la:n, :a.shape[1]] = a[:la]
+        data[n - lb:n, a.shape[1]:] = b[:lb]
+        joined.store.data, joined.store.filled = data, n
+        for layer in joined.self_attn:
+            layer.length = n
+        masks, positions = [], []
+        for cache, rows, length in ((self, a.shape[1], la), (other, b.shape[1], lb)):
+            device = data.device
+            mask = cache.key_mask if cache.key_mask is not None else torch.ones(rows, length, dtype=torch.bool,
+                                                                                 device=device)
+            masks.append(torch.cat([torch.zeros(rows, n - length, dtype=torch.bool, device=device), mask], dim=1))
+            positions.append(torch.cat([torch.zeros(rows, n - length, dtype=torch.long, device=device),
+                                        cache.key_positions(rows, device)], dim=1))
+        joined.key_mask, joined.key_pos = torch.cat(masks), torch.cat(positions)
+        joined._length = n
+        joined.padded = True
+        return joined
+
+    def drop_front(self, k: int) -> None:
+        """Forget the first ``k`` cached positions, padding in every row (after the rows that used them left a
+        joined batch), so that the cache's length follows its longest row instead of growing with every step."""
+        if (self.slotted or self.cross_attn or self.store.data is None or self.key_pos is None
+                or not 0 <= k <= self._length):
+            raise ValueError("drop_front needs a joined cache (decoder-only, by position, with stored positions) and "
+                             "k <= its length")
+        if k == 0:
+            return
+        store, n = self.store, self._length - k
+        store.data = store.data[k:].clone()  # a new buffer: the old one's spare and flattened views go with it
+        store._spare, store._flats, store._starts = None, [], None
+        store.filled = n
+        for layer in self.self_attn:
+            layer.length = n
+        if self.key_pos is not None:
+            self.key_mask, self.key_pos = self.key_mask[:, k:], self.key_pos[:, k:]
+        self._length = n
