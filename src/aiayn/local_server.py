@@ -27,6 +27,7 @@ format; :func:`refusal` is the same decision as a plain function.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import re
@@ -35,6 +36,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from aiayn.errors import AiaynError
 
 #: the methods whose body a server reads: each must say it is JSON
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -251,3 +254,130 @@ def uvicorn_config(app: Any, header_timeout: float, **options: Any) -> Any:
 
     settings: dict[str, Any] = {"timeout_keep_alive": 5, "proxy_headers": False, "log_level": "warning", **options}
     return uvicorn.Config(app, http=h11_protocol(header_timeout), **settings)
+
+
+# ------------------------------------------------------------------------------------------- request bodies
+
+#: the deepest nesting of arrays and objects a request body may have
+MAX_DEPTH = 8
+#: the most digits a number in a request body may have
+MAX_DIGITS = 12
+
+
+class BadRequest(Exception):
+    """A request the server refuses: the HTTP status and the message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text (strings skipped)."""
+    depth = deepest = 0
+    for ch in _STRING.sub(b'""', raw):
+        if ch in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if len(text) > MAX_DIGITS + 8:
+            raise ValueError(f"a number of {len(text)} characters; numbers here have at most {MAX_DIGITS} digits")
+        return kind(text)
+    return parse
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes, example: str = '{"text": "a sentence"}', depth: int = MAX_DEPTH) -> Any:
+    """A request body as JSON, or :class:`BadRequest` (422) saying why not: not UTF-8, not JSON, nested deeper than
+    ``depth``, a number over :data:`MAX_DIGITS` digits, NaN or Infinity; ``example`` is the body the message shows."""
+    if not raw.strip():
+        raise BadRequest(422, f"the body is empty; send a JSON object such as {example}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(422, f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); send UTF-8 "
+                              f"JSON such as {example}") from None
+    found = _depth(raw)
+    if found > depth:
+        raise BadRequest(422, f"the body nests arrays or objects {found} deep; the most is {depth}: send a flat "
+                              f"JSON object such as {example}")
+    try:
+        return json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise BadRequest(422, f"the body is not JSON ({e.msg} at line {e.lineno}, column {e.colno}); send "
+                              f"{example}") from None
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(422, f"the body is not JSON that this server reads ({e}); send {example}") from None
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Where ``text`` holds a lone surrogate (not Unicode text: JSON's ``"\\ud800"``), or None."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return f"a lone surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}"
+
+
+async def read_body(request: Any, max_body: int, timeout: float) -> bytes:
+    """The body, or BadRequest: 413 as soon as it passes ``max_body`` bytes (declared or streamed), 408 when it has
+    not arrived whole within ``timeout`` seconds."""
+    import anyio  # optional: anyio (starlette's)
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+        raise BadRequest(413, f"the request body is over {max_body} bytes; send a shorter text")
+    chunks, size = [], 0
+    with anyio.move_on_after(timeout) as waited:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                raise BadRequest(413, f"the request body is over {max_body} bytes; send a shorter text")
+            chunks.append(chunk)
+    if waited.cancelled_caught:
+        raise BadRequest(408, f"the request body did not arrive within {timeout:g} s")
+    return b"".join(chunks)
+
+
+# ------------------------------------------------------------------------------------------------- sockets
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free one), ready for the server; an AiaynError naming the address
+    and the fix when it cannot be had (in use, not this machine's, not allowed)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise AiaynError(f"--host {host}: not an address of this machine ({e.strerror}); give an address such as "
+                         "127.0.0.1") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise AiaynError(f"port {port} on {host} is already in use (by another server, perhaps another aiayn "
+                             "command); give another with --port, or --port 0 for any free one") from None
+        if e.errno == errno.EACCES:
+            raise AiaynError(f"port {port} on {host}: not allowed to this user (ports below 1024 need privileges); "
+                             "give a port from 1024 with --port") from None
+        raise AiaynError(f"cannot serve on {host}:{port}: {e.strerror}; give another --host or --port") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """A server's address on a bound socket: ``http://HOST:PORT/``."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"

@@ -328,7 +328,7 @@ def test_a_port_in_use_is_one_message_and_exit_2(inspect_checkpoints, capsys: py
     assert code == 2 and out.out == ""  # not the URL of the other server
     assert out.err.strip().splitlines() == [
         f"aiayn inspect: error: port {port} on 127.0.0.1 is already in use (by another server, perhaps another aiayn "
-        "inspect); give another with --port, or --port 0 for any free one"]
+        "command); give another with --port, or --port 0 for any free one"]
     with pytest.raises(AiaynError, match="not an address of this machine"):
         bind("no-such-host.invalid", 0)
     with bind("127.0.0.1", 0) as free:

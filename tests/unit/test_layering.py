@@ -26,9 +26,8 @@ APPLICATIONS = ("aiayn.cli.", "aiayn.demos.", "aiayn.check")
 #: it only through the entry point ``aiayn.accel`` at :data:`CALL_SITES` (checked by the accelerator tests below).
 LADDER: tuple[tuple[str, ...], ...] = (
     # the standard library (and torch) only
-    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation", "aiayn.program", "aiayn.local_server",
-     "aiayn.devices"),
-    ("aiayn.config", "aiayn.output_folder"),
+    ("aiayn.errors", "aiayn.files", "aiayn.threads", "aiayn.validation", "aiayn.program", "aiayn.devices"),
+    ("aiayn.config", "aiayn.output_folder", "aiayn.local_server"),
     ("aiayn.checkpoint",),  # the checkpoint folder: layout, atomic save, verified and pinned load, RNG state
     ("aiayn.nn",),
     ("aiayn.models",),
@@ -41,7 +40,7 @@ LADDER: tuple[tuple[str, ...], ...] = (
     ("aiayn.pretrained",),
     ("aiayn.evaluate",),
     ("aiayn.tasks",),
-    ("aiayn.hf", "aiayn.inspect"),
+    ("aiayn.hf", "aiayn.inspect", "aiayn.serve"),
     ("aiayn.demos", "aiayn.learn"),  # the offline demos; the course (checks against the reference, assembly)
     ("aiayn.check",),
     ("aiayn.cli",),

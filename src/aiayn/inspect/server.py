@@ -15,8 +15,9 @@ is JSON, an error as ``{"error": "what is wrong and what to do"}``:
   whole within :attr:`Limits.body_timeout` seconds gets 408; a client that leaves mid-body gets nothing and leaves
   nothing in the log;
 - a body that is not a JSON object of the expected fields (not UTF-8, not JSON, nested deeper than
-  :data:`MAX_DEPTH`, a number of more than :data:`MAX_DIGITS` digits, a text with a lone surrogate, a wrong type, a
-  missing or unknown field, a text over :attr:`Limits.max_chars` characters) gets 422 and the reason;
+  :data:`aiayn.local_server.MAX_DEPTH`, a number of more than :data:`~aiayn.local_server.MAX_DIGITS` digits, a text
+  with a lone surrogate, a wrong type, a missing or unknown field, a text over :attr:`Limits.max_chars` characters)
+  gets 422 and the reason;
 - at most :attr:`Limits.concurrency` inputs are accepted at once (they run one after another on the one model); one
   more gets 429 with ``Retry-After``. Only model work counts: idle keep-alive connections hold no slot;
 - an input that runs past :attr:`Limits.timeout` seconds gets 504 (it finishes in the background, keeping its slot
@@ -28,11 +29,8 @@ open for the next request.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import re
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,12 +40,18 @@ from aiayn.errors import AiaynError
 from aiayn.inspect import record as records
 from aiayn.inspect import stepthrough
 from aiayn.inspect.page import FAVICON_SVG, render_html
-from aiayn.local_server import AllowedHosts, LocalOnly, uvicorn_config
+from aiayn.local_server import (
+    AllowedHosts,
+    BadRequest,
+    LocalOnly,
+    bind,
+    lone_surrogate,
+    parse_json,
+    read_body,
+    url_of,
+    uvicorn_config,
+)
 
-#: the deepest nesting of arrays and objects a request body may have
-MAX_DEPTH = 8
-#: the most digits a number in a request body may have
-MAX_DIGITS = 12
 #: a request of the page: what it sends
 EXAMPLE = '{"text": "a sentence"}'
 log = logging.getLogger("aiayn.inspect")
@@ -64,73 +68,6 @@ class Limits:
     timeout: float = 60.0
     body_timeout: float = 10.0
     header_timeout: float = 10.0
-
-
-class BadRequest(Exception):
-    """A request the server refuses: the HTTP status and the message for the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-def _depth(raw: bytes) -> int:
-    """How deep arrays and objects nest in a JSON text (strings skipped)."""
-    depth = deepest = 0
-    for ch in _STRING.sub(b'""', raw):
-        if ch in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in b"]}":
-            depth -= 1
-    return deepest
-
-
-def _number(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        if len(text) > MAX_DIGITS + 8:
-            raise ValueError(f"a number of {len(text)} characters; numbers here have at most {MAX_DIGITS} digits")
-        return kind(text)
-    return parse
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON, or :class:`BadRequest` (422) saying why not: not UTF-8, not JSON, nested deeper than
-    :data:`MAX_DEPTH`, a number over :data:`MAX_DIGITS` digits, NaN or Infinity."""
-    if not raw.strip():
-        raise BadRequest(422, f"the body is empty; send a JSON object such as {EXAMPLE}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequest(422, f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); send UTF-8 "
-                              f"JSON such as {EXAMPLE}") from None
-    depth = _depth(raw)
-    if depth > MAX_DEPTH:
-        raise BadRequest(422, f"the body nests arrays or objects {depth} deep; the most is {MAX_DEPTH}: send a flat "
-                              f"JSON object such as {EXAMPLE}")
-    try:
-        return json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        raise BadRequest(422, f"the body is not JSON ({e.msg} at line {e.lineno}, column {e.colno}); send "
-                              f"{EXAMPLE}") from None
-    except (ValueError, RecursionError) as e:
-        raise BadRequest(422, f"the body is not JSON that this server reads ({e}); send {EXAMPLE}") from None
-
-
-def _surrogate(text: str) -> str | None:
-    """Where ``text`` holds a lone surrogate (not Unicode text: JSON's ``"\\ud800"``), or None."""
-    try:
-        text.encode("utf-8")
-        return None
-    except UnicodeEncodeError as e:
-        return f"a lone surrogate (\\u{ord(text[e.start]):04x}) at character {e.start}"
 
 
 def _whole(body: dict[str, Any], name: str, low: int, high: int, what: str = "") -> int:
@@ -163,7 +100,7 @@ def input_request(body: Any, limits: Limits, pre: Any) -> tuple[str, int | None]
         raise BadRequest(422, '"text" must be a non-empty string')
     if len(text) > limits.max_chars:
         raise BadRequest(422, f'"text" has {len(text)} characters; the most is {limits.max_chars}')
-    bad = _surrogate(text)
+    bad = lone_surrogate(text)
     if bad:
         raise BadRequest(422, f'"text" holds {bad}, which is not Unicode text; send the text as UTF-8')
     beam = None
@@ -189,25 +126,6 @@ def answer(value: Any, status: int = 200, **headers: str) -> Any:
 def error(status: int, message: str, **headers: str) -> Any:
     """``{"error": message}`` with ``status``."""
     return answer({"error": message}, status, **headers)
-
-
-async def read_body(request: Any, limits: Limits) -> bytes:
-    """The body, or BadRequest: 413 as soon as it passes the limit (declared or streamed), 408 when it is slow."""
-    import anyio  # optional: anyio (starlette's)
-
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
-        raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
-    chunks, size = [], 0
-    with anyio.move_on_after(limits.body_timeout) as waited:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body:
-                raise BadRequest(413, f"the request body is over {limits.max_body} bytes; send a shorter text")
-            chunks.append(chunk)
-    if waited.cancelled_caught:
-        raise BadRequest(408, f"the request body did not arrive within {limits.body_timeout:g} s")
-    return b"".join(chunks)
 
 
 async def run_model(work: Callable[[], Any], slots: threading.BoundedSemaphore, model_lock: threading.Lock,
@@ -283,11 +201,13 @@ def build_app(pre: Any, first: dict[str, Any], limits: Limits = Limits(), host: 
         return endpoint
 
     async def inspect(request: Request) -> Response:
-        text, beam = input_request(parse_json(await read_body(request, limits)), limits, pre)
+        body = await read_body(request, limits.max_body, limits.body_timeout)
+        text, beam = input_request(parse_json(body), limits, pre)
         return await run_model(lambda: records.inspect_text(pre, text, beam=beam), slots, model_lock, limits)
 
     async def steps(request: Request) -> Response:
-        selection = stepthrough.steps_request(parse_json(await read_body(request, limits)), pre, BadRequest)
+        body = await read_body(request, limits.max_body, limits.body_timeout)
+        selection = stepthrough.steps_request(parse_json(body), pre, BadRequest)
         return await run_model(lambda: stepthrough.step_record(pre, **selection), slots, model_lock, limits)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -326,36 +246,6 @@ class _Quiet:
             await self.app(scope, receive, send)
         except Exception:  # noqa: BLE001 - answered and logged once already, by the app's handler
             pass
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (port 0: a free one), ready for the server; an AiaynError naming the address
-    and the fix when it cannot be had (in use, not this machine's, not allowed)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as e:
-        raise AiaynError(f"--host {host}: not an address of this machine ({e.strerror}); give an address such as "
-                         "127.0.0.1") from None
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
-    try:
-        sock.bind(address)
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise AiaynError(f"port {port} on {host} is already in use (by another server, perhaps another aiayn "
-                             "inspect); give another with --port, or --port 0 for any free one") from None
-        if e.errno == errno.EACCES:
-            raise AiaynError(f"port {port} on {host}: not allowed to this user (ports below 1024 need privileges); "
-                             "give a port from 1024 with --port") from None
-        raise AiaynError(f"cannot serve on {host}:{port}: {e.strerror}; give another --host or --port") from None
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    """The explorer's address on a bound socket: ``http://HOST:PORT/``."""
-    host, port = sock.getsockname()[:2]
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
 
 
 def serve(pre: Any, first: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),
