@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev,plot,inspect,vision]"
+	$(PY) -m pip install --quiet -e ".[dev,plot,inspect,serve,vision]"
 	touch $(STAMP)
 
 demo: $(STAMP)

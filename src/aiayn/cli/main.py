@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         inspect_command,  # noqa: F401  (registers inspect)
         learn_command,  # noqa: F401  (registers learn)
         lm_commands,  # noqa: F401  (registers generate and classify)
+        serve_command,  # noqa: F401  (registers serve)
     )
 
     parser = argparse.ArgumentParser(

@@ -124,6 +124,15 @@ class ContinuousBatch:
                 self._decode()
             self._retire()
 
+    def abandon(self, reason: str) -> None:
+        """End every sequence, waiting, prefilling or decoding, with ``reason`` (the model failed), and start empty."""
+        pending = self.rows + self.waiting + (self._prefill[0] if self._prefill else [])
+        self.rows, self.waiting, self._prefill = [], [], None
+        self._stepper, self._last, self._lengths = None, None, []
+        for seq in pending:
+            if not seq.ended:
+                self._end(seq, reason)
+
     # ---------------------------------------------------------------------------------------------- the parts
     def _admit(self) -> None:
         """Start prefilling waiting sequences (when none is prefilling), or prefill the next chunk; a finished

@@ -15,6 +15,7 @@ A family (:mod:`aiayn.hf.family`) is a config map and a key map; the folders are
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,8 @@ from aiayn.models.build import build_model
 from aiayn.output_folder import CHECKPOINT, TRANSFORMERS, check_output_folder
 from aiayn.tokenize import load_tokenizer
 
-__all__ = ["FAMILIES", "Family", "from_hf", "register", "resolve_source", "supported_model_types", "to_hf"]
+__all__ = ["FAMILIES", "Family", "from_hf", "read_chat_template", "register", "resolve_source", "supported_model_types",
+           "to_hf"]
 
 TOKENIZER_FILE = "tokenizer.json"
 #: the tokenizer roles each task's checkpoint reads
@@ -101,6 +103,25 @@ def _complete_ties(model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tens
     return state
 
 
+def read_chat_template(folder: Path) -> str | None:
+    """A transformers folder's chat template (``chat_template.jinja``, else ``tokenizer_config.json``'s
+    ``chat_template``: a text, or a list of named ones whose ``default`` is taken), or None."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise AiaynError(f"{config}: not a JSON object ({e}); fix or remove the file") from None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
 def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = False, tokenizer: bool = True) -> Path:
     """Convert a transformers model folder (or a Hub name) into an aiayn checkpoint directory.
 
@@ -151,6 +172,9 @@ def from_hf(path_or_name: str | Path, out: str | Path, *, overwrite: bool = Fals
         model = build_model(config, init=False)
     state = _complete_ties(model, state)
     _check_fit(model, state, folder / source.split(", ")[0])
+    template = read_chat_template(folder) if tok else None
+    if template is not None:
+        extra["chat_template"] = template
     meta: dict[str, Any] = {
         "task": family.task, "model": config.to_dict(),
         "tokenizers": {role: TOKENIZER_FILE for role in ROLES.get(family.task, ("text",))} if tok else {}, **extra,
