@@ -112,7 +112,17 @@ def test_the_cache_follows_the_longest_running_row() -> None:
     assert batch._stepper.cache.length == 31
     while long in batch.rows:
         batch.step()
-    assert batch._stepper.cache.length == batch._lengths[0] < 30
+    live = [n for n, s in zip(batch._lengths, batch.rows) if s is not None]
+    assert batch._stepper.cache.length == max(live) < 30
     while batch.busy:
         batch.step()
     assert len(short.tokens) <= 8 and long.ended and short.ended
+
+
+def test_sequences_take_the_rows_of_those_that_left_and_still_decode_as_alone() -> None:
+    """More sequences than rows, arriving over time: later ones reuse freed rows (no copy of the others)."""
+    model = lm("rope")
+    reqs = [dict(r, arrive=i) for i, r in enumerate(requests(30, seed=11))]
+    got, ends, batch = batched(model, reqs, max_batch=4)
+    assert [g for g in got] == [alone(model, r) for r in reqs]
+    assert all(e in ("stop", "length") for e in ends)

@@ -323,3 +323,29 @@ def test_a_chat_template_runs_sandboxed_and_a_converted_folder_keeps_its_templat
     assert read_chat_template(tmp_path) == "{{ bos_token }}x"
     (tmp_path / "chat_template.jinja").write_text("z", encoding="utf-8")
     assert read_chat_template(tmp_path) == "z"
+
+
+def test_a_bounded_soak_answers_every_request_and_leaves_the_batch_empty(lm, lm_url: str) -> None:
+    """300 short requests from 16 clients, streamed and not, some cut by the client: all answered or cancelled,
+    and afterwards nothing decodes, waits or stays cached."""
+    engine = lm[2]
+    rng = random.Random(1)
+    words = " ".join(TEXT).split()
+
+    def ask(i: int) -> int:
+        body = {"prompt": " ".join(rng.choice(words) for _ in range(1 + i % 7)), "max_tokens": 1 + i % 9,
+                "temperature": 0 if i % 2 else 0.7, "seed": i}
+        if i % 5 == 0:
+            with httpx.stream("POST", lm_url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    if i % 10 == 0:
+                        break  # a client that leaves mid-stream
+            return r.status_code
+        return httpx.post(lm_url + "/v1/completions", json=body, timeout=60).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert set(pool.map(ask, range(300))) == {200}
+    deadline = time.monotonic() + 10
+    while (engine.running or engine.queued) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.running == 0 and engine.queued == 0 and engine.batch._stepper is None

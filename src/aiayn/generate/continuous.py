@@ -19,6 +19,7 @@ of batched products can differ, which moves a token only at a near tie.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -90,13 +91,14 @@ class ContinuousBatch:
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.device = next(model.parameters()).device
         self.waiting: list[Continuation] = []
-        self.rows: list[Continuation] = []  # the running batch's rows, in cache order
+        self.rows: list[Continuation | None] = []  # the batch's rows in cache order; None: a free row
         self._stepper: LMStepper | None = None
         self._last: Tensor | None = None  # (rows,) each running row's last token, fed at the next step
         self._lengths: list[int] = []  # each running row's cached positions (prompt + fed tokens)
         self._prefill: tuple[list[Continuation], LMStepper] | None = None  # a batch being prefilled
         self.banned_ids = tuple(banned_ids)
         self._greedy = greedy_chooser(model.lm_head, self.banned_ids)
+        self._scope: contextlib.ExitStack | None = None  # eval_mode, held while the batch is busy
 
     def add(self, seq: Continuation) -> None:
         """Queue ``seq``; it joins the batch at a coming step."""
@@ -111,24 +113,47 @@ class ContinuousBatch:
         seq.cancelled = True
 
     @property
+    def running(self) -> int:
+        """Sequences decoding now."""
+        return sum(s is not None for s in self.rows)
+
+    @property
     def busy(self) -> bool:
         """Whether anything is waiting, prefilling or decoding."""
-        return bool(self.waiting or self.rows or self._prefill)
+        return bool(self.waiting or self.running or self._prefill)
 
     def step(self) -> None:
-        """One step of the batch: retire, admit or prefill, then decode one token of every running row."""
-        with eval_mode(self.model):
+        """One step of the batch: retire, admit or prefill, then decode one token of every running row.
+
+        The model stays in :func:`eval_mode` from the step that finds work until the one that leaves the batch
+        empty: its weights count as frozen for that stretch (the accelerator keeps its per-shape choices), so change
+        them only while the batch is idle."""
+        if self._scope is None:
+            self._scope = contextlib.ExitStack()
+            self._scope.enter_context(eval_mode(self.model))
+        try:
             self._retire()
             self._admit()
             if self.rows:
                 self._decode()
             self._retire()
+        except BaseException:
+            self._close_scope()
+            raise
+        if not self.busy:
+            self._close_scope()
+
+    def _close_scope(self) -> None:
+        if self._scope is not None:
+            scope, self._scope = self._scope, None
+            scope.close()
 
     def abandon(self, reason: str) -> None:
         """End every sequence, waiting, prefilling or decoding, with ``reason`` (the model failed), and start empty."""
-        pending = self.rows + self.waiting + (self._prefill[0] if self._prefill else [])
+        pending = [s for s in self.rows if s is not None] + self.waiting + (self._prefill[0] if self._prefill else [])
         self.rows, self.waiting, self._prefill = [], [], None
         self._stepper, self._last, self._lengths = None, None, []
+        self._close_scope()
         for seq in pending:
             if not seq.ended:
                 self._end(seq, reason)
@@ -136,10 +161,10 @@ class ContinuousBatch:
     # ---------------------------------------------------------------------------------------------- the parts
     def _admit(self) -> None:
         """Start prefilling waiting sequences (when none is prefilling), or prefill the next chunk; a finished
-        prefill chooses its rows' first tokens and joins the running batch."""
+        prefill chooses its rows' first tokens and takes the rows of sequences that left, or joins the batch."""
         if self._prefill is None:
             self.waiting = [s for s in self.waiting if not self._end_if_cancelled(s)]
-            room = self.max_batch - len(self.rows)
+            room = self.max_batch - self.running
             if room <= 0 or not self.waiting:
                 return
             group, self.waiting = self.waiting[:room], self.waiting[room:]
@@ -152,28 +177,38 @@ class ContinuousBatch:
             return
         self._prefill = None
         first = self._choose(group, hidden)
-        lengths = [stepper.ids.shape[1]] * len(group)
+        width = stepper.ids.shape[1]  # each new row's span of cache columns: its group's width (+ fed tokens)
+        free = [i for i, s in enumerate(self.rows) if s is None]
         if self._stepper is None:
-            self._stepper, self._last, self._lengths = stepper, first, lengths
+            self._stepper, self._last, self._lengths, self.rows = stepper, first, [width] * len(group), list(group)
+        elif len(free) >= len(group) and width <= self._stepper.cache.length:  # into rows that left: no copy
+            slots = free[:len(group)]
+            index = torch.tensor(slots, dtype=torch.long, device=self.device)
+            self._stepper.fill(index, stepper)
+            self._last = self._last.index_copy(0, index, first)
+            for i, seq in zip(slots, group):
+                self.rows[i], self._lengths[i] = seq, width
         else:
+            self._compact()
             self._stepper.join(stepper)
             self._last = torch.cat([self._last, first])
-            self._lengths = self._lengths + lengths  # each row's span of cache columns (its group's width + fed)
-        self.rows += group
+            self._lengths = self._lengths + [width] * len(group)
+            self.rows = self.rows + list(group)
 
     def _decode(self) -> None:
-        """Feed every running row its last token; choose the next."""
+        """Feed every row its last token (a free row pad, its result unread); choose the next."""
         hidden = self._stepper.step(self._last)
         self._lengths = [n + 1 for n in self._lengths]
         self._last = self._choose(self.rows, hidden)
 
-    def _choose(self, rows: list[Continuation], hidden: Tensor) -> Tensor:
+    def _choose(self, rows: list[Continuation | None], hidden: Tensor) -> Tensor:
         """hidden (N, D) of ``rows`` -> (N,) tokens: greedy rows through the model's chooser, sampled ones through
-        their own samplers; every token reported, and the rows that end marked."""
-        tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=hidden.device)  # ended rows: pad
-        greedy = [i for i, s in enumerate(rows) if s.greedy and not s.ended]
-        sampled = [i for i, s in enumerate(rows) if not s.greedy and not s.ended]
-        wants_logprobs = [i for i, s in enumerate(rows) if s.logprobs is not None and not s.ended]
+        their own samplers; every token reported, and the rows that end marked (free and ended rows get pad)."""
+        tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long, device=hidden.device)
+        live = [(i, s) for i, s in enumerate(rows) if s is not None and not s.ended]
+        greedy = [i for i, s in live if s.greedy]
+        sampled = [i for i, s in live if not s.greedy]
+        wants_logprobs = [i for i, s in live if s.logprobs is not None]
         if greedy:
             tokens[greedy] = self._greedy(hidden[greedy])
         logits = {}
@@ -184,9 +219,8 @@ class ContinuousBatch:
         for i in sampled:
             tokens[i] = self._sampler(rows[i])(logits[i])[0]
         chosen = tokens.tolist()
-        for i, (seq, token) in enumerate(zip(rows, chosen)):
-            if seq.ended:
-                continue
+        for i, seq in live:
+            token = chosen[i]
             lp, top = None, []
             if seq.logprobs is not None:
                 logp = logits[i][0].float().log_softmax(-1)
@@ -225,20 +259,30 @@ class ContinuousBatch:
         return seq.cancelled
 
     def _retire(self) -> None:
-        """Drop the rows that ended or were cancelled; forget cache positions that only they used."""
-        for seq in self.rows:
-            self._end_if_cancelled(seq)
-        keep = [i for i, s in enumerate(self.rows) if not s.ended]
-        if len(keep) == len(self.rows):
+        """Free the rows of sequences that ended or were cancelled (new sequences take them; the batch is compacted
+        once most of its rows are free) and forget cache positions that only they used."""
+        ended = False
+        for i, seq in enumerate(self.rows):
+            if seq is not None and (seq.ended or self._end_if_cancelled(seq)):
+                self.rows[i], ended = None, True
+        if not ended:
             return
-        if not keep:
+        if self.running == 0:
             self.rows, self._stepper, self._last, self._lengths = [], None, None, []
+            return
+        if 2 * self.running <= len(self.rows):
+            self._compact()
+        unused = self._stepper.cache.length - max(n for n, s in zip(self._lengths, self.rows) if s is not None)
+        if unused > 0:
+            self._stepper.cache.drop_front(unused)
+
+    def _compact(self) -> None:
+        """Drop the free rows from the cache (one copy of its filled part)."""
+        keep = [i for i, s in enumerate(self.rows) if s is not None]
+        if len(keep) == len(self.rows):
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._stepper.reorder(index)
         self.rows = [self.rows[i] for i in keep]
         self._last = self._last.index_select(0, index)
         self._lengths = [self._lengths[i] for i in keep]
-        unused = self._stepper.cache.length - max(self._lengths)
-        if unused > 0:
-            self._stepper.cache.drop_front(unused)

@@ -228,6 +228,13 @@ class LMStepper:
         next_pos = torch.cat([self._next_positions(), other._next_positions()])
         self.cache, self.next_pos = self.cache.joined(other.cache), next_pos
 
+    def fill(self, slots: Tensor, other: LMStepper) -> None:
+        """Put ``other``'s rows (prefilled, first token chosen) into rows ``slots`` (G,) long of this stepper, whose
+        sequences have left: :meth:`DecoderCache.fill_rows`, with their next positions."""
+        next_pos = self._next_positions().index_copy(0, slots, other._next_positions())
+        self.cache.fill_rows(slots, other.cache)
+        self.next_pos = next_pos
+
     def _next_positions(self) -> Tensor:
         """(B,) long: each row's next position id."""
         if self.next_pos is not None:

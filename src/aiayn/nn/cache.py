@@ -428,7 +428,9 @@ class DecoderCache:
         la, lb = self._length, other._length
         n = max(la, lb)
         joined = DecoderCache(self.store.n_layers, max(a.shape[0], b.shape[0], n))
-        data = a.new_zeros(joined.store.capacity, a.shape[1] + b.shape[1], *a.shape[2:])
+        data = a.new_empty(joined.store.capacity, a.shape[1] + b.shape[1], *a.shape[2:])
+        data[:n - la, :a.shape[1]] = 0  # padding: zeros, as a masked key's weight 0 times a stale NaN is NaN
+        data[:n - lb, a.shape[1]:] = 0
         data[n - la:n, :a.shape[1]] = a[:la]
         data[n - lb:n, a.shape[1]:] = b[:lb]
         joined.store.data, joined.store.filled = data, n
@@ -446,6 +448,32 @@ class DecoderCache:
         joined._length = n
         joined.padded = True
         return joined
+
+    def fill_rows(self, slots: Tensor, other: DecoderCache) -> None:
+        """Write ``other``'s rows into rows ``slots`` (G,) long of this cache, in place: the rows of sequences that
+        left a joined batch, reused by ones that join it (no copy of the other rows). ``other`` must be no longer
+        than this cache; its rows are right-aligned, their first positions masked, as :meth:`joined` does."""
+        if self.slotted or other.slotted or self.cross_attn or other.cross_attn:
+            raise ValueError("only decoder-only caches addressed by position can share rows")
+        a, b = self.store.data, other.store.data
+        n, length = self._length, other._length
+        if a is None or b is None or length > n or b.shape[1] != slots.shape[0]:
+            raise ValueError("fill_rows needs stored caches, one row of `other` per slot, and `other` no longer "
+                             "than this cache")
+        rows = a.shape[1]
+        if self.key_pos is None:  # the stored form from here on
+            self.key_mask = torch.ones(rows, n, dtype=torch.bool, device=a.device)
+            self.key_pos = self.key_positions(rows, a.device)
+        a[:n - length].index_fill_(1, slots, 0)  # zeros, not stale values: a masked key's weight 0 times NaN is NaN
+        a[n - length:n].index_copy_(1, slots, b[:length])
+        g = slots.shape[0]
+        mask = other.key_mask if other.key_mask is not None else torch.ones(g, length, dtype=torch.bool,
+                                                                                device=a.device)
+        front = torch.zeros(g, n - length, dtype=torch.bool, device=a.device)
+        self.key_mask = self.key_mask.index_copy(0, slots, torch.cat([front, mask], dim=1))
+        self.key_pos = self.key_pos.index_copy(0, slots, torch.cat([front.long(), other.key_positions(g, a.device)],
+                                                                   dim=1))
+        self.padded = True
 
     def drop_front(self, k: int) -> None:
         """Forget the first ``k`` cached positions, padding in every row (after the rows that used them left a

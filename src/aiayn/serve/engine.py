@@ -63,7 +63,7 @@ class Engine:
     @property
     def running(self) -> int:
         """Sequences decoding now."""
-        return len(self.batch.rows) if self.batch is not None else 0
+        return self.batch.running if self.batch is not None else 0
 
     def submit(self, seqs: list[Continuation]) -> bool:
         """Queue sequences for the batch (all or none); False when the queue has no room for them."""
@@ -112,7 +112,7 @@ class Engine:
                 job()
             batch = self.batch
             if batch is not None and batch.busy:
-                rows, started = len(batch.rows), time.perf_counter()
+                rows, started = batch.running, time.perf_counter()
                 try:
                     batch.step()
                 except Exception:  # noqa: BLE001 - every request in the batch is answered, and the server goes on
