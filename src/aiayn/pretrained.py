@@ -17,6 +17,7 @@ from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.stats import size_problem
+from aiayn.nn.lora import merge_lora, restore_adapters
 from aiayn.tokenize import Tokenizer, checkpoint_tokenizer
 
 
@@ -65,6 +66,10 @@ def _is_whole(v: Any, low: int) -> bool:
 #: entries of a checkpoint's config.json besides "model" (its ModelConfig checks itself): what each must be
 _META_RULES: dict[str, tuple[str, Any]] = {
     "task": ("a task name in quotes", lambda v: isinstance(v, str)),
+    "adapter": ("a table with kind = \"lora\", a whole rank, a positive alpha and the adapted layers' names",
+                lambda v: isinstance(v, dict) and v.get("kind") == "lora" and _is_whole(v.get("rank"), 1)
+                and isinstance(v.get("alpha"), (int, float)) and v["alpha"] > 0
+                and isinstance(v.get("layers"), list) and all(isinstance(x, str) for x in v["layers"])),
     "tokenizers": ("a table of role = file name", lambda v: isinstance(v, dict) and all(
         isinstance(k, str) and isinstance(f, str) and f and "/" not in f and "\\" not in f for k, f in v.items())),
     "decode": ("a table of decoding settings", lambda v: isinstance(v, dict)),
@@ -171,7 +176,11 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
         check_memory(ck, copies=2)  # the weights, mapped from the file, and the model they are copied into
         with memory_errors_said(ck.file(MODEL_FILE)):
             model = build_model(config, init=False)
+            if meta.get("adapter"):  # LoRA adapters trained on a frozen base: loaded, then merged (base speed)
+                restore_adapters(model, meta["adapter"])
             load_model_state(ck, model)
+            if meta.get("adapter"):
+                merge_lora(model)
         tokenizers: dict[str, Tokenizer] = {}
         cache: dict[str, Tokenizer] = {}
         for role, name in meta.get("tokenizers", {}).items():

@@ -32,6 +32,7 @@ from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
 from aiayn.hf.vocab import read_tokenizer
 from aiayn.models.build import build_model
+from aiayn.nn.lora import merged_state
 from aiayn.output_folder import CHECKPOINT, TRANSFORMERS, check_output_folder
 from aiayn.tokenize import load_tokenizer
 
@@ -264,7 +265,10 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
         if family.task == "translation":
             ids["decoder_start_token_id"] = tok.decoder_start_id
         hf.update({k: v for k, v in ids.items() if v is not None or k == "pad_token_id"})
-    state = family.state_to_hf(read_state_dict(d), config)
+    state = read_state_dict(d)
+    if meta.get("adapter"):  # LoRA adapters: the base with each folded in (PEFT's own files: aiayn.hf.peft)
+        state = merged_state(state, meta["adapter"])
+    state = family.state_to_hf(state, config)
     folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model))
     if tok is not None and not wrote and say:
         say(f"{d}: a {tok.kind!r} tokenizer has no transformers form; the folder holds the model only")

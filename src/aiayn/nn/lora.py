@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -152,3 +153,31 @@ def merge_lora(model: nn.Module) -> nn.Module:
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, leaf, layer.merged())
     return model
+
+
+def adapter_entry(model: nn.Module) -> dict[str, Any]:
+    """``config.json``'s ``adapter`` entry of an adapted model: what :func:`restore_adapters` rebuilds its layers
+    from (their weights come with the checkpoint's state)."""
+    layers = lora_layers(model)
+    first = next(iter(layers.values()))
+    return {"kind": "lora", "rank": first.rank, "alpha": first.scaling * first.rank, "layers": sorted(layers)}
+
+
+def restore_adapters(model: nn.Module, entry: dict[str, Any]) -> list[str]:
+    """Put back on ``model`` (built from a checkpoint's config) the adapted layers its ``adapter`` entry names, so
+    that the checkpoint's state loads into it."""
+    return add_lora(model, int(entry["rank"]), float(entry["alpha"]), 0.0, list(entry["layers"]))
+
+
+def merged_state(state: dict[str, Tensor], entry: dict[str, Any]) -> dict[str, Tensor]:
+    """A state dict of an adapted model (``<layer>.base.weight``, ``<layer>.lora_A.weight``, ...) as the plain
+    model's, every adapter folded into its layer as :func:`merge_lora` does, without building the model."""
+    out = dict(state)
+    scaling = float(entry["alpha"]) / int(entry["rank"])
+    for name in entry["layers"]:
+        a, b = out.pop(f"{name}.lora_A.weight"), out.pop(f"{name}.lora_B.weight")
+        weight = out.pop(f"{name}.base.weight")
+        out[f"{name}.weight"] = weight + ((b.float() @ a.float()) * scaling).to(weight.dtype)
+        if f"{name}.base.bias" in out:
+            out[f"{name}.bias"] = out.pop(f"{name}.base.bias")
+    return out

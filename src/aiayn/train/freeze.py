@@ -1,4 +1,5 @@
-"""Freezing parameters for fine-tuning: ``[train] freeze = ["encoder.*", "*.embed.*"]``.
+"""Freezing parameters for fine-tuning: ``[train] freeze = ["encoder.*", "*.embed.*"]``, and low-rank adapters on
+a frozen model: ``[train] adapter = "lora"`` (:mod:`aiayn.nn.lora`).
 
 Each pattern is matched with :func:`fnmatch.fnmatchcase` against the model's parameter names (as
 ``model.named_parameters()`` gives them: ``embed.weight``, ``encoder.layers.0.attn.qkv_proj.weight``, ...). A
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from typing import Any
 
 from torch import nn
 
 from aiayn.errors import AiaynError
+from aiayn.nn.lora import add_lora
 
 
 def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
@@ -45,3 +48,18 @@ def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
         raise AiaynError(f"[train] freeze = {list(patterns)} freezes every parameter; nothing would train: "
                          "narrow the patterns")
     return frozen
+
+
+def add_lora_for_training(model: nn.Module, cfg: Any) -> list[str]:
+    """The run's LoRA adapters (``[train] adapter = "lora"``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
+    ``lora_targets``, ``lora_trainable``) put on ``model``, everything else frozen; the adapted layers' names.
+
+    Raises:
+        AiaynError: the targets match no layer (the message lists the model's layers).
+    """
+    try:
+        return add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets or ["attention"],
+                        cfg.lora_trainable or ())
+    except ValueError as e:
+        raise AiaynError(f"[train] lora_targets: {e}") from None
+

@@ -50,6 +50,12 @@ class TrainConfig:
     progress: bool = True
     accel: str | None = None  # "none" | "auto"; None: $AIAYN_ACCEL, else "auto" (aiayn.accel.resolve)
     freeze: list[str] | None = None  # fnmatch patterns of parameter names left untrained (aiayn.train.freeze)
+    adapter: str | None = None  # "lora": train low-rank adapters on a frozen model (aiayn.nn.lora)
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] | None = None  # layer groups, name endings or patterns (default: ["attention"])
+    lora_trainable: list[str] | None = None  # name prefixes of parameters that train too (e.g. ["cls_head"])
     parallel: str | None = None  # "ddp" | "fsdp" when several processes train (None: "ddp"; aiayn.train.parallel)
     fsdp_cpu_offload: bool = False  # FSDP keeps parameter and optimizer shards in CPU memory (CUDA only)
     compile: bool = False  # torch.compile every layer and the loss for training
@@ -71,7 +77,8 @@ class TrainConfig:
         the annotations, each setting's own rule (:data:`_RULES`), then the checks across settings."""
         p = Problems(vars(self))
         annotations, defaults = dataclass_types(self)
-        annotations.pop("freeze")  # a list of patterns: its rule checks it
+        for name in ("freeze", "lora_targets", "lora_trainable"):  # lists of patterns: their rules check them
+            annotations.pop(name)
         p.check_types(annotations, defaults)
         p.check_all(_RULES)
         if p.ok("optimizer", "weight_decay") and self.optimizer == "adam" and self.weight_decay > 0:
@@ -150,4 +157,15 @@ _RULES: dict[str, Rule] = {
     "parallel": choice(PARALLELS, optional=True, note=" (used when several processes train)"),
     "freeze": rule(lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v)),
                    'must be a list of parameter-name patterns, e.g. freeze = ["encoder.*", "*.embed.*"]'),
+    "adapter": choice(("lora",), optional=True, note=" (or leave it out to train every weight)"),
+    "lora_rank": at_least(1, whole=True),
+    "lora_alpha": above(0, finite=True),
+    "lora_dropout": within(0, 1),
+    "lora_targets": rule(lambda v: v is None or (isinstance(v, (list, tuple)) and v
+                                                 and all(isinstance(x, str) and x for x in v)),
+                         'must be a list of layer groups, name endings or patterns, e.g. lora_targets = '
+                         '["attention", "ffn"]'),
+    "lora_trainable": rule(lambda v: v is None or (isinstance(v, (list, tuple))
+                                                   and all(isinstance(x, str) and x for x in v)),
+                           'must be a list of parameter-name prefixes, e.g. lora_trainable = ["cls_head"]'),
 }

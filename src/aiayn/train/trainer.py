@@ -40,12 +40,13 @@ from tqdm import tqdm
 from aiayn import accel
 from aiayn.checkpoint import STATE_FILE
 from aiayn.errors import AiaynError
+from aiayn.nn.lora import adapter_entry
 from aiayn.nn.moe import moe_load_stats
 from aiayn.output_folder import check_run_files, check_run_folder
 from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, rule_for_this_run, threads_option
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
 from aiayn.train.distributed import Ranks
-from aiayn.train.freeze import freeze_parameters
+from aiayn.train.freeze import add_lora_for_training, freeze_parameters
 from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.train.parallel import Parallel, parallelize, resolve_parallel
 from aiayn.train.precision import Precision
@@ -160,6 +161,8 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     _check_out_dir(out, ranks, resume)
     recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
     config_json = task.checkpoint_config()
+    if cfg.adapter == "lora":  # what a reader needs to rebuild (and merge) the adapted layers
+        config_json["adapter"] = adapter_entry(model)
     resumed = read_last(task, cfg, ranks, kind, config_json, recipe_sections) if resume else None
     if resumed is None:
         check_fresh_start(task, out, kind, ranks)
@@ -226,6 +229,13 @@ def _prepare(model: nn.Module, cfg: TrainConfig, ranks: Ranks, on_cpu: bool) -> 
         torch.set_num_threads(max(1, torch.get_num_threads() // ranks.local_world))
     if ranks.main:
         announce_threads()  # the command's start-up choice, said now that the recipe is known to be good
+    if cfg.adapter == "lora":  # before the optimizer, which then takes the adapters' parameters only
+        adapters = add_lora_for_training(model, cfg)
+        if ranks.main:
+            total = sum(p.numel() for p in model.parameters())
+            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            tqdm.write(f"LoRA: rank {cfg.lora_rank} adapters on {len(adapters)} layers; {trained:,} of {total:,} "
+                       f"parameters train ({100 * trained / total:.2f}%)")
     if cfg.freeze:  # before the optimizer, which then leaves the frozen parameters out
         frozen = freeze_parameters(model, cfg.freeze)
         if ranks.main:

@@ -1,0 +1,71 @@
+"""``[train] adapter = "lora"``: a recipe fine-tunes a converted GPT-2 through LoRA adapters only, its checkpoints
+load merged for decoding and export to transformers, and a resumed adapter run equals an uninterrupted one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_finetune_converted import _final_val, _lm_recipe, converted, one_thread  # noqa: E402, F401 (fixtures)
+
+from aiayn.checkpoint import read_state_dict  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
+from aiayn.hf import to_hf  # noqa: E402
+from aiayn.pretrained import load_pretrained  # noqa: E402
+from aiayn.tasks.lm import LMTask  # noqa: E402
+from aiayn.tasks.registry import run_recipe  # noqa: E402
+from aiayn.train.recipe import load_recipe  # noqa: E402
+
+LORA = 'adapter = "lora"\nlora_rank = 4\nlora_alpha = 8.0\nlora_targets = ["attention", "ffn"]\n'
+
+
+def test_a_lora_run_trains_only_its_adapters_and_loads_merged(tmp_path: Path, converted: dict[str, Path],  # noqa: F811
+                                                               capsys: pytest.CaptureFixture) -> None:
+    base = converted["gpt2"]
+    recipe = _lm_recipe(tmp_path, base, name="lora", steps=6, lr=1e-2, train=LORA)
+    before = LMTask(load_recipe(recipe)).evaluate()["loss"]
+    run_recipe(recipe, [])
+    said = capsys.readouterr()
+    assert "LoRA: rank 4 adapters on 8 layers;" in said.out + said.err
+    assert _final_val(tmp_path / "lora") < before - 0.02
+    saved = load_pretrained(tmp_path / "lora" / "last")
+    assert saved.meta["adapter"]["kind"] == "lora" and len(saved.meta["adapter"]["layers"]) == 8
+    plain, merged = read_state_dict(base), saved.model.state_dict()
+    adapted = tuple(saved.meta["adapter"]["layers"])
+    for key, value in plain.items():
+        changed = not torch.equal(merged[key], value)
+        assert changed == (key.endswith(".weight") and key.removesuffix(".weight") in adapted), key
+    ids = torch.tensor([[5, 9, 12, 7, 3]])
+    hf_dir = to_hf(tmp_path / "lora" / "last", tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, saved.model(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_a_resumed_lora_run_equals_an_uninterrupted_one(tmp_path: Path,
+                                                        converted: dict[str, Path]) -> None:  # noqa: F811
+    base = converted["gpt2"]
+    straight = _lm_recipe(tmp_path, base, name="straight", steps=6, lr=1e-2, train=LORA)
+    stopped = _lm_recipe(tmp_path, base, name="stopped", steps=6, lr=1e-2, train=LORA)
+    run_recipe(straight, [])
+    run_recipe(stopped, ["train.max_steps=3"])
+    run_recipe(stopped, [], resume=True)
+    a, b = read_state_dict(tmp_path / "straight" / "last"), read_state_dict(tmp_path / "stopped" / "last")
+    assert a.keys() == b.keys() and any(".lora_B." in k for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_lora_targets_that_match_nothing_are_one_error(tmp_path: Path,
+                                                       converted: dict[str, Path]) -> None:  # noqa: F811
+    recipe = _lm_recipe(tmp_path, converted["gpt2"], name="bad", steps=2,
+                        train='adapter = "lora"\nlora_targets = ["c_attn"]\n')
+    with pytest.raises(AiaynError, match=r"\[train\] lora_targets: no linear layer matches.*qkv_proj"):
+        run_recipe(recipe, [])
+    with pytest.raises(AiaynError, match="adapter"):
+        run_recipe(_lm_recipe(tmp_path, converted["gpt2"], name="bad2", steps=2, train='adapter = "dora"\n'), [])
