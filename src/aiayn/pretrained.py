@@ -10,14 +10,15 @@ import torch
 from torch import nn
 
 from aiayn.accel import accelerate, quantize_int8
-from aiayn.checkpoint import MODEL_FILE, load_config, load_model_state
-from aiayn.checkpoint.layout import CheckpointRead
+from aiayn.checkpoint import MODEL_FILE, checkpoint_dir, load_config, load_model_state, read_state_dict, save_checkpoint
+from aiayn.checkpoint.layout import OWN_FILES, CheckpointRead
 from aiayn.checkpoint.load import check_memory, memory_errors_said
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.stats import size_problem
-from aiayn.nn.lora import merge_lora, restore_adapters
+from aiayn.nn.lora import merge_lora, merged_state, restore_adapters
+from aiayn.output_folder import CHECKPOINT, check_output_folder
 from aiayn.tokenize import Tokenizer, checkpoint_tokenizer
 
 
@@ -197,3 +198,24 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             cast_for_inference(model, dtype)
     accelerate(model, "decode", accel)
     return Pretrained(model, config, Tokenizers(d, tokenizers), meta)
+
+
+def merge_adapter(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a checkpoint of a LoRA run (``[train] adapter = "lora"``) as a plain one: every adapter folded into its
+    layer (``W + scaling * B A``), ``config.json`` without its ``adapter`` entry, the same tokenizer files, no
+    training state; it loads and decodes as any checkpoint, in aiayn or (``convert --to-hf``) elsewhere.
+
+    Raises:
+        AiaynError: the checkpoint has no adapters, ``out`` is the checkpoint (or inside or around it), or a folder
+            of something else and ``overwrite`` is false.
+    """
+    d = checkpoint_dir(checkpoint)
+    meta = load_config(d)
+    if not meta.get("adapter"):
+        raise AiaynError(f"{d}: has no LoRA adapters (config.json has no 'adapter' entry); it is already a plain "
+                         "checkpoint")
+    into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, sources=[Path(checkpoint), d])
+    state = merged_state(read_state_dict(d), meta["adapter"])
+    plain = {k: v for k, v in meta.items() if k != "adapter"}
+    tokenizer_files = [f for f in sorted(d.iterdir()) if f.is_file() and f.name not in OWN_FILES]
+    return save_checkpoint(out, state, plain, tokenizer_writer=tokenizer_files, into=into)

@@ -14,9 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_finetune_converted import _final_val, _lm_recipe, converted, one_thread  # noqa: E402, F401 (fixtures)
 
 from aiayn.checkpoint import read_state_dict  # noqa: E402
+from aiayn.cli.main import main  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.hf import to_hf  # noqa: E402
-from aiayn.pretrained import load_pretrained  # noqa: E402
+from aiayn.pretrained import load_pretrained, merge_adapter  # noqa: E402
 from aiayn.tasks.lm import LMTask  # noqa: E402
 from aiayn.tasks.registry import run_recipe  # noqa: E402
 from aiayn.train.recipe import load_recipe  # noqa: E402
@@ -41,6 +42,14 @@ def test_a_lora_run_trains_only_its_adapters_and_loads_merged(tmp_path: Path, co
         changed = not torch.equal(merged[key], value)
         assert changed == (key.endswith(".weight") and key.removesuffix(".weight") in adapted), key
     ids = torch.tensor([[5, 9, 12, 7, 3]])
+    assert main(["merge-adapter", "--checkpoint", str(tmp_path / "lora" / "last"), "--out",
+                 str(tmp_path / "merged")]) == 0
+    plain_again = load_pretrained(tmp_path / "merged")
+    assert "adapter" not in plain_again.meta and not any(".lora_" in k for k in read_state_dict(tmp_path / "merged"))
+    with torch.no_grad():
+        torch.testing.assert_close(plain_again.model(ids).logits, saved.model(ids).logits, atol=1e-6, rtol=1e-6)
+    with pytest.raises(AiaynError, match="has no LoRA adapters"):
+        merge_adapter(tmp_path / "merged", tmp_path / "merged-twice")
     hf_dir = to_hf(tmp_path / "lora" / "last", tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
     with torch.no_grad():

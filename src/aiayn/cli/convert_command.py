@@ -47,3 +47,22 @@ def _convert(p: argparse.ArgumentParser) -> None:
 
     p.set_defaults(run=run)
 
+
+
+@command("merge-adapter", "Fold a LoRA run's adapters into its model: a plain checkpoint that loads and decodes as "
+                          "any other and converts to transformers (docs/finetuning.md).")
+def _merge_adapter(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of a run with [train] adapter = \"lora\"")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the checkpoint to write: a new or empty folder, or an aiayn checkpoint (replaced)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="also write into a folder that holds other things (only the checkpoint's files are replaced)")
+
+    def run(args: argparse.Namespace) -> int:
+        from aiayn.pretrained import merge_adapter  # lazy: loaded when the command runs
+
+        out = merge_adapter(args.checkpoint, args.out, overwrite=args.overwrite)
+        print(f"wrote the merged checkpoint {out}")
+        return 0
+
+    p.set_defaults(run=run)
