@@ -11,7 +11,7 @@ from torch import nn
 
 from aiayn.accel import accelerate, quantize_int8
 from aiayn.checkpoint import MODEL_FILE, checkpoint_dir, load_config, load_model_state, read_state_dict, save_checkpoint
-from aiayn.checkpoint.layout import OWN_FILES, CheckpointRead
+from aiayn.checkpoint.layout import CheckpointRead, tokenizer_files
 from aiayn.checkpoint.load import check_memory, memory_errors_said
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
@@ -217,5 +217,4 @@ def merge_adapter(checkpoint: str | Path, out: str | Path, *, overwrite: bool = 
     into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, sources=[Path(checkpoint), d])
     state = merged_state(read_state_dict(d), meta["adapter"])
     plain = {k: v for k, v in meta.items() if k != "adapter"}
-    tokenizer_files = [f for f in sorted(d.iterdir()) if f.is_file() and f.name not in OWN_FILES]
-    return save_checkpoint(out, state, plain, tokenizer_writer=tokenizer_files, into=into)
+    return save_checkpoint(out, state, plain, tokenizer_writer=tokenizer_files(d), into=into)

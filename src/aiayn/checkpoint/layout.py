@@ -35,6 +35,11 @@ FORMAT_VERSION = 1
 OWN_FILES = (CONFIG_FILE, MODEL_FILE, STATE_FILE, MANIFEST_FILE)  # every other file is a tokenizer's
 
 
+def tokenizer_files(directory: Path) -> list[Path]:
+    """A checkpoint directory's tokenizer files: every file but its own (:data:`OWN_FILES`), sorted."""
+    return [f for f in sorted(directory.iterdir()) if f.is_file() and f.name not in OWN_FILES]
+
+
 def old_path(path: Path) -> Path:
     """``<path>.old``: where a save moves the previous checkpoint for the instant between its renames."""
     return path.with_name(path.name + ".old")

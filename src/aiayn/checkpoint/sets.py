@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from aiayn.checkpoint.disk import trash
-from aiayn.checkpoint.layout import OWN_FILES, checkpoint_dir, old_path
+from aiayn.checkpoint.layout import checkpoint_dir, old_path, tokenizer_files
 from aiayn.checkpoint.load import load_config, read_model_file
 from aiayn.checkpoint.save import save_checkpoint
 from aiayn.errors import AiaynError
@@ -114,8 +114,7 @@ def write_average(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
         if load_config(d).get("model") != config.get("model"):
             raise AiaynError(f"{d}: its model config differs from {dirs[-1]}; average checkpoints of one model")
     state = average_checkpoints(dirs)
-    tokenizer_files = [f for f in sorted(dirs[-1].iterdir()) if f.is_file() and f.name not in OWN_FILES]
-    return save_checkpoint(target, state, config, tokenizer_writer=tokenizer_files, into=into)
+    return save_checkpoint(target, state, config, tokenizer_writer=tokenizer_files(dirs[-1]), into=into)
 
 
 def _natural_key(name: str) -> list:

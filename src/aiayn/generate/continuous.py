@@ -118,6 +118,12 @@ class ContinuousBatch:
         return sum(s is not None for s in self.rows)
 
     @property
+    def queued(self) -> int:
+        """Sequences added that are not yet decoding: waiting, or being prefilled."""
+        prefilling = self._prefill
+        return len(self.waiting) + (len(prefilling[0]) if prefilling else 0)
+
+    @property
     def busy(self) -> bool:
         """Whether anything is waiting, prefilling or decoding."""
         return bool(self.waiting or self.running or self._prefill)

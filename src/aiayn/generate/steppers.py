@@ -198,6 +198,7 @@ class LMStepper:
         # (B,) position id of the first new token; None for prompts without padding (one host sync a decode),
         # which take the cache's own positions: a step spends no operation on them (none stored, counted, gathered)
         self.next_pos = None if bool(is_token.all()) else is_token.long().sum(1)
+        self._positions: Tensor | None = None  # (B, P) the prompt's position ids, made when its prefill starts
 
     def first(self) -> Tensor:
         """Prefill the prompts: logits (B, V) after the last prompt token (hidden states (B, D) when not

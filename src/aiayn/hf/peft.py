@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.nn.lora import LoRALinear, lora_layers
+from aiayn.nn.lora import LoRALinear, lora_layers, replace_layer
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -171,11 +171,8 @@ def load_peft(model: nn.Module, config: ModelConfig, family: str, folder: str | 
             scalings.append(alphas.get(module, alphas.get(short, alpha)) / r)
         b_parts = [tensors[b] * (s / scalings[0]) for (_, b), s in zip(keys, scalings)]
         used.update(k for pair in keys for k in pair)
-        a = torch.cat(a_parts) if len(a_parts) > 1 else a_parts[0]
-        b = torch.block_diag(*b_parts) if len(b_parts) > 1 else b_parts[0]
-        parent, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        base = getattr(owner, leaf)
+        a, b = torch.cat(a_parts), torch.block_diag(*b_parts)
+        base = model.get_submodule(name)
         if a.shape[1] != base.in_features or b.shape[0] != base.out_features:
             raise AiaynError(f"{folder / ADAPTER_WEIGHTS}: the adapter of {', '.join(m for m, _ in parts)} is "
                              f"{tuple(b.shape[:1]) + tuple(a.shape[1:])}, but the model's layer is "
@@ -184,7 +181,7 @@ def load_peft(model: nn.Module, config: ModelConfig, family: str, folder: str | 
         with torch.no_grad():
             layer.lora_A.weight.copy_(a)
             layer.lora_B.weight.copy_(b)
-        setattr(owner, leaf, layer)
+        replace_layer(model, name, layer)
         done.append(name)
     left = sorted(set(tensors) - used)
     if left:

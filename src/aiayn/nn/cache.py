@@ -425,28 +425,16 @@ class DecoderCache:
         a, b = self.store.data, other.store.data
         if a is None or b is None:
             raise ValueError("join caches after their prompts are stored")
-        la, lb = self._length, other._length
-        n = max(la, lb)
+        ra, rb, n = a.shape[1], b.shape[1], max(self._length, other._length)
         joined = DecoderCache(self.store.n_layers, max(a.shape[0], b.shape[0], n))
-        data = a.new_empty(joined.store.capacity, a.shape[1] + b.shape[1], *a.shape[2:])
-        data[:n - la, :a.shape[1]] = 0  # padding: zeros, as a masked key's weight 0 times a stale NaN is NaN
-        data[:n - lb, a.shape[1]:] = 0
-        data[n - la:n, :a.shape[1]] = a[:la]
-        data[n - lb:n, a.shape[1]:] = b[:lb]
-        joined.store.data, joined.store.filled = data, n
+        joined.store.data, joined.store.filled = a.new_empty(joined.store.capacity, ra + rb, *a.shape[2:]), n
         for layer in joined.self_attn:
             layer.length = n
-        masks, positions = [], []
-        for cache, rows, length in ((self, a.shape[1], la), (other, b.shape[1], lb)):
-            device = data.device
-            mask = cache.key_mask if cache.key_mask is not None else torch.ones(rows, length, dtype=torch.bool,
-                                                                                 device=device)
-            masks.append(torch.cat([torch.zeros(rows, n - length, dtype=torch.bool, device=device), mask], dim=1))
-            positions.append(torch.cat([torch.zeros(rows, n - length, dtype=torch.long, device=device),
-                                        cache.key_positions(rows, device)], dim=1))
-        joined.key_mask, joined.key_pos = torch.cat(masks), torch.cat(positions)
         joined._length = n
-        joined.padded = True
+        joined.key_mask = torch.zeros(ra + rb, n, dtype=torch.bool, device=a.device)
+        joined.key_pos = torch.zeros(ra + rb, n, dtype=torch.long, device=a.device)
+        joined.fill_rows(torch.arange(ra, device=a.device), self)
+        joined.fill_rows(torch.arange(ra, ra + rb, device=a.device), other)
         return joined
 
     def fill_rows(self, slots: Tensor, other: DecoderCache) -> None:
@@ -490,6 +478,5 @@ class DecoderCache:
         store.filled = n
         for layer in self.self_attn:
             layer.length = n
-        if self.key_pos is not None:
-            self.key_mask, self.key_pos = self.key_mask[:, k:], self.key_pos[:, k:]
+        self.key_mask, self.key_pos = self.key_mask[:, k:], self.key_pos[:, k:]
         self._length = n

@@ -62,23 +62,30 @@ class LoRALinear(nn.Module):
         """x (..., in) -> (..., out)."""
         return self.base(x) + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
 
-    def delta(self) -> Tensor:
-        """The update as a weight, ``scaling * B A`` (out, in)."""
-        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
-
     def merged(self) -> nn.Linear:
         """A plain layer computing the same: weight ``W + scaling * B A``, the base's bias."""
         base = self.base
         layer = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=base.weight.device,
                           dtype=base.weight.dtype)
         with torch.no_grad():
-            layer.weight.copy_(base.weight + self.delta().to(base.weight.dtype))
+            layer.weight.copy_(folded(base.weight, self.lora_A.weight, self.lora_B.weight, self.scaling))
             if base.bias is not None:
                 layer.bias.copy_(base.bias)
         return layer
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, scaling={self.scaling:g}"
+
+
+def folded(weight: Tensor, a: Tensor, b: Tensor, scaling: float) -> Tensor:
+    """``W + scaling * B A``: a weight (out, in) with its adapter, A (r, in) and B (out, r), folded in."""
+    return weight + ((b.float() @ a.float()) * scaling).to(weight.dtype)
+
+
+def replace_layer(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` where ``model``'s submodule ``name`` is."""
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
 def target_names(model: nn.Module, targets: Sequence[str]) -> list[str]:
@@ -126,9 +133,7 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: floa
     for name, p in model.named_parameters():
         p.requires_grad_(bool(keep) and name.startswith(keep))
     for name in names:
-        parent, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, LoRALinear(getattr(owner, leaf), rank, alpha / rank, dropout))
+        replace_layer(model, name, LoRALinear(model.get_submodule(name), rank, alpha / rank, dropout))
     return names
 
 
@@ -149,9 +154,7 @@ def lora_state(model: nn.Module) -> dict[str, Tensor]:
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its layer (``W + scaling * B A``), in place: a plain model, as fast as its base."""
     for name, layer in lora_layers(model).items():
-        parent, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, layer.merged())
+        replace_layer(model, name, layer.merged())
     return model
 
 
@@ -176,8 +179,7 @@ def merged_state(state: dict[str, Tensor], entry: dict[str, Any]) -> dict[str, T
     scaling = float(entry["alpha"]) / int(entry["rank"])
     for name in entry["layers"]:
         a, b = out.pop(f"{name}.lora_A.weight"), out.pop(f"{name}.lora_B.weight")
-        weight = out.pop(f"{name}.base.weight")
-        out[f"{name}.weight"] = weight + ((b.float() @ a.float()) * scaling).to(weight.dtype)
+        out[f"{name}.weight"] = folded(out.pop(f"{name}.base.weight"), a, b, scaling)
         if f"{name}.base.bias" in out:
             out[f"{name}.bias"] = out.pop(f"{name}.base.bias")
     return out

@@ -290,26 +290,108 @@ def logprobs_entry(served: ServedModel, entries: list[tuple[int, float | None, l
             "top_logprobs": [{text(a): v for a, v in top} for _, _, top in entries], "text_offset": offsets}
 
 
-# ------------------------------------------------------------------------------------------------ the app
-def build_app(served: ServedModel, engine: Engine, limits: Limits = Limits(), host: str = "127.0.0.1",
-              api_key: str | None = None, also: tuple[str, ...] = ()) -> Any:
-    """The server's ASGI application (Starlette), behind :class:`aiayn.local_server.LocalOnly`."""
-    from starlette.applications import Starlette  # optional: starlette
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
+def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """A chat body's ``messages`` as [{"role", "content"}, ...] of plain text (text parts joined)."""
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
+        content = m["content"]
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(_text(p.get("text"), "messages") for p in content)
+        clean.append({"role": m["role"], "content": _text(content, "messages")})
+    return clean
 
-    def authorized(request: Request) -> bool:
-        if api_key is None:
+
+def embedding_values(vectors: Any, encoding: str) -> list[Any]:
+    """(N, D) vectors as OpenAI sends them: lists of floats, or base64 of little-endian float32."""
+    if encoding == "base64":
+        return [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode() for v in vectors]
+    return vectors.tolist()
+
+
+@dataclass
+class Completion:
+    """One completion or chat request being answered: its ids, prompts and settings, and its time to first token
+    observed per choice."""
+
+    served: ServedModel
+    prompts: list[list[int]]
+    s: Sampling
+    chat: bool
+
+    def __post_init__(self) -> None:
+        self.kind = "chat.completion" if self.chat else "text_completion"
+        self.id, self.created = new_id("chatcmpl" if self.chat else "cmpl"), int(time.time())
+        self.started, self._seen = time.monotonic(), set()
+        self.usage = {"prompt_tokens": sum(len(p) for p in self.prompts) * self.s.n}
+        self.choices = len(self.prompts) * self.s.n
+
+    def observe(self, choice: Choice) -> None:
+        if choice.index not in self._seen:
+            self._seen.add(choice.index)
+            served_metrics.TTFT.observe(time.monotonic() - self.started)
+
+    def with_completion(self, tokens: int) -> dict[str, int]:
+        return {**self.usage, "completion_tokens": tokens, "total_tokens": self.usage["prompt_tokens"] + tokens}
+
+    def answer(self, done: dict[int, Choice]) -> dict[str, Any]:
+        """The whole answer of a request that does not stream."""
+        out = []
+        for i in sorted(done):
+            c = done[i]
+            lp = logprobs_entry(self.served, c.logprobs, self.chat) if self.s.logprobs is not None else None
+            item: dict[str, Any] = {"index": i, "finish_reason": c.finish, "logprobs": lp}
+            item.update({"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text})
+            out.append(item)
+        tokens = sum(len(c.tokens) for c in done.values())
+        served_metrics.TOKENS.inc(tokens)
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.served.name,
+                "choices": out, "usage": self.with_completion(tokens)}
+
+    def chunk(self, choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
+        """One server-sent event."""
+        payload = {"id": self.id, "object": self.kind + ".chunk" if self.chat else self.kind, "created": self.created,
+                   "model": self.served.name, "choices": choices, **(extra or {})}
+        return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+    def delta(self, choice: Choice, finish: str | None) -> dict[str, Any] | None:
+        """A choice's streamed piece: the text that can be sent now (and its last token's log-probabilities), or
+        None when there is nothing to send."""
+        new = choice.ready()
+        if not new and finish is None:
+            return None
+        lp = None
+        if self.s.logprobs is not None and finish is None and choice.logprobs:
+            lp = logprobs_entry(self.served, choice.logprobs[-1:], self.chat)
+        if self.chat:
+            return {"index": choice.index, "delta": {"content": new} if new else {}, "logprobs": lp,
+                    "finish_reason": finish}
+        return {"index": choice.index, "text": new, "logprobs": lp, "finish_reason": finish}
+
+
+class Endpoints:
+    """The server's handlers over one model and its engine (see the module docstring)."""
+
+    def __init__(self, served: ServedModel, engine: Engine, limits: Limits, api_key: str | None) -> None:
+        self.served, self.engine, self.limits, self.api_key = served, engine, limits, api_key
+
+    # ------------------------------------------------------------------------------------------- framing
+    def authorized(self, request: Any) -> bool:
+        if self.api_key is None:
             return True
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            if not authorized(request):
+    def guarded(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``handler`` behind the API key, its mistakes answered as OpenAI's error objects."""
+        async def endpoint(request: Any) -> Any:
+            if not self.authorized(request):
                 return openai_error(401, "missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                          "the server was started with (--api-key or AIAYN_API_KEY)")
             try:
@@ -321,215 +403,178 @@ def build_app(served: ServedModel, engine: Engine, limits: Limits = Limits(), ho
                 return openai_error(400, str(e))
         return endpoint
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        return parse_json(await read_body(request, limits.max_body, limits.body_timeout), EXAMPLE)
-
-    def check_model(body: dict) -> None:
+    async def body(self, request: Any, allowed: set[str], required: set[str]) -> dict[str, Any]:
+        """The request's JSON body, its fields checked, naming this model or none."""
+        raw = await read_body(request, self.limits.max_body, self.limits.body_timeout)
+        body = _fields(parse_json(raw, EXAMPLE), allowed, required)
         name = body.get("model")
-        if name is not None and name != served.name:
+        if name is not None and name != self.served.name:
             raise RequestError(f"model {json.dumps(name)[:60]} is not served here; this server serves "
-                               f"{served.name!r}", "model", status=404)
+                               f"{self.served.name!r}", "model", status=404)
+        return body
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [served.card()]})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": served.name, "running": engine.running,
-                             "queued": engine.queued})
-
-    async def metrics(request: Request) -> Response:
-        served_metrics.QUEUED.set(engine.queued)
-        served_metrics.RUNNING.set(engine.running)
-        body, content_type = served_metrics.exposition()
-        return Response(body, media_type=content_type)
-
-    def prompt_ids(texts: list[str], max_tokens: int | None, param: str) -> tuple[list[list[int]], int]:
-        ids = [served.encode(t) for t in texts]
+    def prompt_ids(self, texts: list[str], max_tokens: int | None, param: str) -> tuple[list[list[int]], int]:
+        """The prompts' ids and the tokens each may add, checked against the model's context."""
+        ids = [self.served.encode(t) for t in texts]
         longest = max(len(i) for i in ids)
-        room = served.context - longest
+        room = self.served.context - longest
         if room < 1 or (max_tokens is not None and max_tokens > room):
             asked = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
-            raise RequestError(f"this model's context holds {served.context} tokens; the prompt has {longest}"
+            raise RequestError(f"this model's context holds {self.served.context} tokens; the prompt has {longest}"
                                f"{asked}: shorten the prompt or lower max_tokens", param)
         return ids, max_tokens or room
 
-    async def completion_like(request: Request, body: dict, prompts: list[list[int]], s: Sampling,
-                              chat: bool) -> Response:
-        kind = "chat.completion" if chat else "text_completion"
-        rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
-        served_metrics.REQUESTS.labels(endpoint="chat" if chat else "completions").inc()
-        started = time.monotonic()
-        first_seen: set[int] = set()
-        usage = {"prompt_tokens": sum(len(p) for p in prompts) * s.n}
+    # ---------------------------------------------------------------------------------------- endpoints
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse  # optional: starlette
 
-        def observe(choice: Choice) -> None:
-            if choice.index not in first_seen:
-                first_seen.add(choice.index)
-                served_metrics.TTFT.observe(time.monotonic() - started)
+        return JSONResponse({"object": "list", "data": [self.served.card()]})
 
-        if not s.stream:
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse  # optional: starlette
+
+        return JSONResponse({"status": "ok", "model": self.served.name, "running": self.engine.running,
+                             "queued": self.engine.queued})
+
+    async def metrics(self, request: Any) -> Any:
+        from starlette.responses import Response  # optional: starlette
+
+        served_metrics.QUEUED.set(self.engine.queued)
+        served_metrics.RUNNING.set(self.engine.running)
+        body, content_type = served_metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    async def completions(self, request: Any) -> Any:
+        body = await self.body(request, SAMPLING | {"prompt", "logprobs", "echo", "suffix", "best_of"}, {"prompt"})
+        for name in ("echo", "suffix", "best_of"):
+            if body.get(name) not in (None, False, 1) or (name == "suffix" and body.get(name)):
+                raise RequestError(f"{name!r} is not supported by this server; leave it out", name)
+        texts = _texts(body["prompt"], "prompt", self.limits.max_choices)
+        if self.served.kind == "translation":
+            return await self.translate(body, texts, completion=True)
+        self.served.require("lm", "/v1/completions")
+        s = sampling(body, self.limits, _number(body, "logprobs", None, 0, self.limits.max_logprobs, whole=True))
+        if len(texts) * s.n > self.limits.max_choices:
+            raise RequestError(f"{len(texts)} prompts x n={s.n} choices; the most is {self.limits.max_choices}", "n")
+        ids, s.max_tokens = self.prompt_ids(texts, s.max_tokens or 16, "prompt")
+        return await self.complete(request, Completion(self.served, ids, s, chat=False))
+
+    async def chat_completions(self, request: Any) -> Any:
+        body = await self.body(request, SAMPLING | {"messages", "logprobs", "top_logprobs"}, {"messages"})
+        self.served.require("lm", "/v1/chat/completions")
+        if self.served.chat_template is None:
+            raise RequestError(f"{self.served.name} has no chat template (its checkpoint records none: a model "
+                               "converted from a transformers folder whose tokenizer_config.json has a "
+                               "'chat_template' has one); use /v1/completions with a prompt instead", "messages")
+        messages = chat_messages(body)
+        wants = body.get("logprobs", False)
+        if not isinstance(wants, bool):
+            raise RequestError("'logprobs' must be true or false", "logprobs")
+        top = _number(body, "top_logprobs", 0, 0, self.limits.max_logprobs, whole=True)
+        s = sampling(body, self.limits, top if wants else None)
+        prompt = render(self.served.chat_template, messages, self.served.bos_token, self.served.eos_token)
+        ids, s.max_tokens = self.prompt_ids([prompt], s.max_tokens, "messages")
+        return await self.complete(request, Completion(self.served, ids, s, chat=True))
+
+    async def complete(self, request: Any, c: Completion) -> Any:
+        """Decode a completion or chat request: one answer, or server-sent events as its text grows."""
+        from starlette.responses import JSONResponse, Response, StreamingResponse  # optional: starlette
+
+        served_metrics.REQUESTS.labels(endpoint="chat" if c.chat else "completions").inc()
+        decoding = decode(self.engine, self.served, c.prompts, c.s, self.limits, request.is_disconnected)
+        if not c.s.stream:
             done: dict[int, Choice] = {}
-            async for choice, finish in decode(engine, served, prompts, s, limits, request.is_disconnected):
-                observe(choice)
+            async for choice, finish in decoding:
+                c.observe(choice)
                 if finish is not None:
                     done[choice.index] = choice
-            if len(done) < len(prompts) * s.n:  # the client left
+            if len(done) < c.choices:  # the client left
                 return Response(status_code=499)
-            tokens = sum(len(c.tokens) for c in done.values())
-            served_metrics.TOKENS.inc(tokens)
-            usage.update(completion_tokens=tokens, total_tokens=usage["prompt_tokens"] + tokens)
-            out = []
-            for i in sorted(done):
-                c = done[i]
-                item: dict[str, Any] = {"index": i, "finish_reason": c.finish}
-                lp = logprobs_entry(served, c.logprobs, chat) if s.logprobs is not None else None
-                if chat:
-                    item["message"] = {"role": "assistant", "content": c.text}
-                    item["logprobs"] = lp
-                else:
-                    item.update(text=c.text, logprobs=lp)
-                out.append(item)
-            return JSONResponse({"id": rid, "object": kind, "created": created, "model": served.name,
-                                 "choices": out, "usage": usage})
+            return JSONResponse(c.answer(done))
 
         async def events() -> AsyncIterator[bytes]:
-            def chunk(choices: list, extra: dict | None = None) -> bytes:
-                payload = {"id": rid, "object": kind + ".chunk" if chat else kind, "created": created,
-                           "model": served.name, "choices": choices, **(extra or {})}
-                return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
-            if chat:
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                             for i in range(len(prompts) * s.n)])
+            if c.chat:
+                yield c.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                               for i in range(c.choices)])
             tokens = 0
-            async for choice, finish in decode(engine, served, prompts, s, limits, request.is_disconnected):
-                observe(choice)
-                new = choice.ready()
-                lp = None
-                if s.logprobs is not None and finish is None and choice.logprobs:
-                    lp = logprobs_entry(served, choice.logprobs[-1:], chat)
+            async for choice, finish in decoding:
+                c.observe(choice)
                 if finish is not None:
                     tokens += len(choice.tokens)
-                if not new and finish is None:
-                    continue
-                if chat:
-                    item = {"index": choice.index, "delta": {"content": new} if new else {},
-                            "logprobs": lp, "finish_reason": finish}
-                else:
-                    item = {"index": choice.index, "text": new, "logprobs": lp, "finish_reason": finish}
-                yield chunk([item])
+                item = c.delta(choice, finish)
+                if item is not None:
+                    yield c.chunk([item])
             served_metrics.TOKENS.inc(tokens)
-            if s.include_usage:
-                yield chunk([], {"usage": {**usage, "completion_tokens": tokens,
-                                           "total_tokens": usage["prompt_tokens"] + tokens}})
+            if c.s.include_usage:
+                yield c.chunk([], {"usage": c.with_completion(tokens)})
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def completions(request: Request) -> Response:
-        body = _fields(await body_of(request), SAMPLING | {"prompt", "logprobs", "echo", "suffix", "best_of"},
-                       {"prompt"})
-        check_model(body)
-        for name in ("echo", "suffix", "best_of"):
-            if body.get(name) not in (None, False, 1) or (name == "suffix" and body.get(name)):
-                raise RequestError(f"{name!r} is not supported by this server; leave it out", name)
-        if served.kind == "translation":
-            return await translations_of(body, _texts(body["prompt"], "prompt", limits.max_choices), completion=True)
-        served.require("lm", "/v1/completions")
-        logprobs = _number(body, "logprobs", None, 0, limits.max_logprobs, whole=True)
-        s = sampling(body, limits, logprobs)
-        texts = _texts(body["prompt"], "prompt", limits.max_choices)
-        if len(texts) * s.n > limits.max_choices:
-            raise RequestError(f"{len(texts)} prompts x n={s.n} choices; the most is {limits.max_choices}", "n")
-        ids, s.max_tokens = prompt_ids(texts, s.max_tokens or 16, "prompt")
-        return await completion_like(request, body, ids, s, chat=False)
+    async def embeddings(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse  # optional: starlette
 
-    async def chat_completions(request: Request) -> Response:
-        body = _fields(await body_of(request), SAMPLING | {"messages", "logprobs", "top_logprobs"}, {"messages"})
-        check_model(body)
-        served.require("lm", "/v1/chat/completions")
-        if served.chat_template is None:
-            raise RequestError(f"{served.name} has no chat template (its checkpoint records none: a model converted "
-                               "from a transformers folder whose tokenizer_config.json has a 'chat_template' has "
-                               "one); use /v1/completions with a prompt instead", "messages")
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}",
-                               "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-                raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
-            content = m["content"]
-            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
-                content = "".join(_text(p.get("text"), "messages") for p in content)
-            clean.append({"role": m["role"], "content": _text(content, "messages")})
-        wants = body.get("logprobs", False)
-        if not isinstance(wants, bool):
-            raise RequestError("'logprobs' must be true or false", "logprobs")
-        top = _number(body, "top_logprobs", 0, 0, limits.max_logprobs, whole=True)
-        s = sampling(body, limits, top if wants else None)
-        prompt = render(served.chat_template, clean, served.bos_token, served.eos_token)
-        ids, s.max_tokens = prompt_ids([prompt], s.max_tokens, "messages")
-        return await completion_like(request, body, ids, s, chat=True)
-
-    async def embeddings(request: Request) -> Response:
-        body = _fields(await body_of(request), {"model", "input", "encoding_format", "dimensions", "user"},
-                       {"input"})
-        check_model(body)
+        body = await self.body(request, {"model", "input", "encoding_format", "dimensions", "user"}, {"input"})
         encoding = body.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise RequestError("'encoding_format' must be \"float\" or \"base64\"", "encoding_format")
         texts = _texts(body["input"], "input", 2048)
         served_metrics.REQUESTS.labels(endpoint="embeddings").inc()
-        vectors, tokens = await asyncio.wrap_future(served.embed(engine, texts))
+        vectors, tokens = await asyncio.wrap_future(self.served.embed(self.engine, texts))
         if body.get("dimensions") not in (None, vectors.shape[1]):
             raise RequestError(f"'dimensions': this model's embeddings have {vectors.shape[1]}", "dimensions")
-        if encoding == "base64":  # little-endian float32, as OpenAI's API sends it
-            values = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode() for v in vectors]
-        else:
-            values = vectors.tolist()
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(values)]
-        return JSONResponse({"object": "list", "data": data, "model": served.name,
+        data = [{"object": "embedding", "index": i, "embedding": v}
+                for i, v in enumerate(embedding_values(vectors, encoding))]
+        return JSONResponse({"object": "list", "data": data, "model": self.served.name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    async def translations_of(body: dict, texts: list[str], completion: bool = False) -> Response:
-        served.require("translation", "/v1/translations")
+    async def translations(self, request: Any) -> Any:
+        body = await self.body(request, {"model", "input", "beam_size", "length_penalty", "n_best"}, {"input"})
+        return await self.translate(body, _texts(body["input"], "input", 1024))
+
+    async def translate(self, body: dict[str, Any], texts: list[str], completion: bool = False) -> Any:
+        """Beam-search ``texts``: ``/v1/translations``' answer, or ``/v1/completions``' for a translation model."""
+        from starlette.responses import JSONResponse  # optional: starlette
+
+        self.served.require("translation", "/v1/translations")
         beam = _number(body, "beam_size", None, 1, 64, whole=True)
         alpha = _number(body, "length_penalty", None, 0, 10)
-        n_best = _number(body, "n_best", None if completion else 1, 1, 64, whole=True) if not completion else 1
+        n_best = 1 if completion else _number(body, "n_best", 1, 1, 64, whole=True)
         served_metrics.REQUESTS.labels(endpoint="translations").inc()
-        outs = await asyncio.wrap_future(served.translate(engine, texts, beam, alpha, n_best))
+        outs = await asyncio.wrap_future(self.served.translate(self.engine, texts, beam, alpha, n_best))
         if completion:
             return JSONResponse({"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-                                 "model": served.name,
+                                 "model": self.served.name,
                                  "choices": [{"index": i, "text": o, "logprobs": None, "finish_reason": "stop"}
                                              for i, o in enumerate(outs)]})
-        return JSONResponse({"object": "list", "model": served.name,
+        return JSONResponse({"object": "list", "model": self.served.name,
                              "data": [{"index": i, "translations": o if isinstance(o, list) else [o]}
                                       for i, o in enumerate(outs)]})
 
-    async def translations(request: Request) -> Response:
-        body = _fields(await body_of(request), {"model", "input", "beam_size", "length_penalty", "n_best"},
-                       {"input"})
-        check_model(body)
-        return await translations_of(body, _texts(body["input"], "input", 1024))
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
-        message = {404: f"no such endpoint: {request.method} {request.url.path}; see GET /v1/models",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
-        return openai_error(status, message)
+async def _http_error(request: Any, exc: Exception) -> Any:
+    status = getattr(exc, "status_code", 500)
+    message = {404: f"no such endpoint: {request.method} {request.url.path}; see GET /v1/models",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+    return openai_error(status, message)
 
-    routes = [Route("/v1/models", guarded(models), methods=["GET"]),
-              Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"]),
-              Route("/v1/completions", guarded(completions), methods=["POST"]),
-              Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
-              Route("/v1/embeddings", guarded(embeddings), methods=["POST"]),
-              Route("/v1/translations", guarded(translations), methods=["POST"])]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
+# ------------------------------------------------------------------------------------------------ the app
+def build_app(served: ServedModel, engine: Engine, limits: Limits = Limits(), host: str = "127.0.0.1",
+              api_key: str | None = None, also: tuple[str, ...] = ()) -> Any:
+    """The server's ASGI application (Starlette), behind :class:`aiayn.local_server.LocalOnly`."""
+    from starlette.applications import Starlette  # optional: starlette
+    from starlette.exceptions import HTTPException
+    from starlette.routing import Route
+
+    e = Endpoints(served, engine, limits, api_key)
+    routes = [Route("/v1/models", e.guarded(e.models), methods=["GET"]),
+              Route("/health", e.health, methods=["GET"]),
+              Route("/metrics", e.metrics, methods=["GET"]),
+              Route("/v1/completions", e.guarded(e.completions), methods=["POST"]),
+              Route("/v1/chat/completions", e.guarded(e.chat_completions), methods=["POST"]),
+              Route("/v1/embeddings", e.guarded(e.embeddings), methods=["POST"]),
+              Route("/v1/translations", e.guarded(e.translations), methods=["POST"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     return LocalOnly(app, AllowedHosts.bound_to(host, *also), openai_error, pages=())

@@ -54,11 +54,7 @@ class Engine:
     @property
     def queued(self) -> int:
         """Sequences submitted but not yet decoding (read from any thread: a count of the moment)."""
-        batch = self.batch
-        if batch is None:
-            return 0
-        prefilling = batch._prefill
-        return self._posted + len(batch.waiting) + (len(prefilling[0]) if prefilling else 0)
+        return self._posted + (self.batch.queued if self.batch is not None else 0)
 
     @property
     def running(self) -> int:

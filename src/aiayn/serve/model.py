@@ -92,6 +92,7 @@ class ServedModel:
             self.chat_template = compile_template(source) if isinstance(source, str) else None
             self.bos_token = self._token(getattr(tok, "bos_id", None))
             self.eos_token = self._token(tok.eos_id)
+        self.decode_settings = {**DECODE_DEFAULTS, **(pre.meta.get("decode") or {})}  # the checkpoint's beam settings
         self._translations = Coalescer(self._translate_group)
         self._embeddings = Coalescer(self._embed_group)
 
@@ -132,7 +133,7 @@ class ServedModel:
                   n_best: int) -> concurrent.futures.Future:
         """Each text's translation (a list of ``n_best`` when above 1), with the checkpoint's ``decode`` settings
         where ``beam`` or ``alpha`` is None; batched with the other requests waiting."""
-        dec = {**DECODE_DEFAULTS, **(self.pre.meta.get("decode") or {})}
+        dec = self.decode_settings
         beam = dec["beam"] if beam is None else beam
         if n_best > beam:
             raise RequestError(f"'n_best' {n_best} is more than the beam ({beam}) keeps", "n_best")
@@ -143,8 +144,7 @@ class ServedModel:
 
     def _translate_group(self, key: Hashable, requests: list[list[str]]) -> list[list[Any]]:
         beam, alpha, n_best = key
-        pre = self.pre
-        dec = {**DECODE_DEFAULTS, **(pre.meta.get("decode") or {})}
+        pre, dec = self.pre, self.decode_settings
         lines = [t.lower() if pre.meta.get("lowercase") else t for texts in requests for t in texts]
         src = pre.tokenizers["src"]
         keep = [i for i, line in enumerate(lines) if not is_blank(line, src.encode(line))]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
-from typing import Any
 
 from torch import nn
 
 from aiayn.errors import AiaynError
 from aiayn.nn.lora import add_lora
+from aiayn.train.train_config import TrainConfig
 
 
 def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
@@ -50,7 +50,7 @@ def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
     return frozen
 
 
-def add_lora_for_training(model: nn.Module, cfg: Any) -> list[str]:
+def add_lora_for_training(model: nn.Module, cfg: TrainConfig) -> list[str]:
     """The run's LoRA adapters (``[train] adapter = "lora"``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
     ``lora_targets``, ``lora_trainable``) put on ``model``, everything else frozen; the adapted layers' names.
 
@@ -62,4 +62,3 @@ def add_lora_for_training(model: nn.Module, cfg: Any) -> list[str]:
                         cfg.lora_trainable or ())
     except ValueError as e:
         raise AiaynError(f"[train] lora_targets: {e}") from None
-

@@ -32,7 +32,6 @@ rows do everywhere.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from copy import deepcopy as copy_module
@@ -84,14 +83,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 DOT_PRODUCT_MIN_WEIGHT = 1 << 20
 
 
-@functools.cache
 def int8_dot_product() -> bool:
     """Whether this CPU has AVX-512 VNNI, the int8 dot-product instructions torch's int8 kernel (fbgemm) uses."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in f)
-    except OSError:
-        return False
+    return "avx512_vnni" in native.cpu_flags()
 
 
 with warnings.catch_warnings():  # (see quantize_int8)

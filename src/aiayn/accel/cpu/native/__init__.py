@@ -103,6 +103,13 @@ def _cpu_signature() -> str:
         return platform.processor() + platform.machine()
 
 
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` names them (``avx2``, ``avx512_vnni``, ...); empty elsewhere."""
+    return frozenset(flag for line in _cpu_signature().splitlines() if line.startswith("flags")
+                     for flag in line.partition(":")[2].split())
+
+
 def _build() -> Path:
     """Compile ``SOURCES`` into one library in the cache (once per source, flags, compiler and CPU); return its path."""
     cc = os.environ.get("CC", "cc")
