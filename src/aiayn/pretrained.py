@@ -10,14 +10,15 @@ import torch
 from torch import nn
 
 from aiayn.accel import accelerate, quantize_int8
-from aiayn.checkpoint import MODEL_FILE, checkpoint_dir, load_config, load_model_state, read_state_dict, save_checkpoint
+from aiayn.checkpoint import MODEL_FILE, checkpoint_dir, load_config, load_model_state, save_checkpoint
+from aiayn.checkpoint.adapter import load_adapted
 from aiayn.checkpoint.layout import CheckpointRead, tokenizer_files
 from aiayn.checkpoint.load import check_memory, memory_errors_said
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.models.build import build_model
 from aiayn.models.stats import size_problem
-from aiayn.nn.lora import merge_lora, merged_state, restore_adapters
+from aiayn.nn.lora import merge_lora, restore_adapters
 from aiayn.output_folder import CHECKPOINT, check_output_folder
 from aiayn.tokenize import Tokenizer, checkpoint_tokenizer
 
@@ -67,10 +68,13 @@ def _is_whole(v: Any, low: int) -> bool:
 #: entries of a checkpoint's config.json besides "model" (its ModelConfig checks itself): what each must be
 _META_RULES: dict[str, tuple[str, Any]] = {
     "task": ("a task name in quotes", lambda v: isinstance(v, str)),
-    "adapter": ("a table with kind = \"lora\", a whole rank, a positive alpha and the adapted layers' names",
+    "adapter": ("a table with kind = \"lora\", a whole rank, a positive alpha, the adapted layers' names and "
+                "optionally the base (its checkpoint path and manifest_sha256)",
                 lambda v: isinstance(v, dict) and v.get("kind") == "lora" and _is_whole(v.get("rank"), 1)
                 and isinstance(v.get("alpha"), (int, float)) and v["alpha"] > 0
-                and isinstance(v.get("layers"), list) and all(isinstance(x, str) for x in v["layers"])),
+                and isinstance(v.get("layers"), list) and all(isinstance(x, str) for x in v["layers"])
+                and ("base" not in v or (isinstance(v["base"], dict) and all(
+                    isinstance(v["base"].get(k), str) for k in ("checkpoint", "manifest_sha256"))))),
     "tokenizers": ("a table of role = file name", lambda v: isinstance(v, dict) and all(
         isinstance(k, str) and isinstance(f, str) and f and "/" not in f and "\\" not in f for k, f in v.items())),
     "decode": ("a table of decoding settings", lambda v: isinstance(v, dict)),
@@ -132,7 +136,8 @@ def refuse_run_folder(directory: str | Path) -> None:
 
 
 def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", int8: bool = False,
-                    dtype: str | torch.dtype = "float32", accel: str | None = None) -> Pretrained:
+                    dtype: str | torch.dtype = "float32", accel: str | None = None, *,
+                    adapter: str | Path | None = None, merge: bool = True) -> Pretrained:
     """Load ``config.json``, ``model.safetensors`` and tokenizer files from a checkpoint directory.
 
     With ``int8=True`` the model's linear layers are dynamically quantized for CPU inference
@@ -146,6 +151,12 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     Every file is read from one save (:class:`~aiayn.checkpoint.layout.CheckpointRead`), also while a training run
     saves the checkpoint again.
 
+    A LoRA run's checkpoint (:mod:`aiayn.checkpoint.adapter`) loads its base from where its ``adapter`` entry says;
+    ``adapter=ADAPTER`` with ``directory`` the base loads the adapter checkpoint ``ADAPTER`` on that base (one that
+    moved, or to say which base is meant), checked against the base's manifest hash. The adapters are folded into
+    their layers (``merge=True``: the base model's speed, kernels unchanged); ``merge=False`` keeps them apart, to
+    check the merged model against.
+
     Raises:
         AiaynError: missing directory or files (names what is missing); a training run's folder instead of one of
             its checkpoints (names them); int8 with a dtype other than float32; fp16 on the CPU; a model that needs
@@ -157,6 +168,9 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     if int8 and dtype != torch.float32:
         raise AiaynError(f"int8 and dtype {str(dtype).removeprefix('torch.')} exclude each other: int8 inference "
                          "keeps float32 activations; pick one (--int8 or --dtype)")
+    base = None
+    if adapter is not None:  # the adapter checkpoint is the one loaded; ``directory`` is its base
+        base, directory = directory, _adapter_checkpoint(adapter)
     d = Path(directory)
     if not d.exists() and not Path(str(d) + ".old").exists():
         raise AiaynError(f"{d}: checkpoint directory not found; pass the folder that holds config.json "
@@ -179,9 +193,14 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             model = build_model(config, init=False)
             if meta.get("adapter"):  # LoRA adapters trained on a frozen base: loaded, then merged (base speed)
                 restore_adapters(model, meta["adapter"])
-            load_model_state(ck, model)
-            if meta.get("adapter"):
-                merge_lora(model)
+                load_adapted(ck, meta["adapter"], model, base)
+                if merge:
+                    merge_lora(model)
+            else:
+                if base is not None:
+                    raise AiaynError(f"{d}: has no LoRA adapters (config.json has no 'adapter' entry); --adapter "
+                                     "takes the checkpoint of a run with [train] adapter = \"lora\"")
+                load_model_state(ck, model)
         tokenizers: dict[str, Tokenizer] = {}
         cache: dict[str, Tokenizer] = {}
         for role, name in meta.get("tokenizers", {}).items():
@@ -200,7 +219,35 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
     return Pretrained(model, config, Tokenizers(d, tokenizers), meta)
 
 
-def merge_adapter(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+def _adapter_checkpoint(path: str | Path) -> Path:
+    """``--adapter``'s folder, refused in one line when it is a PEFT folder (convert names the way)."""
+    p = Path(path)
+    if (p / "adapter_config.json").is_file() and not (p / "config.json").is_file():
+        raise AiaynError(f"{p}: a PEFT adapter folder; make it an aiayn adapter checkpoint first: aiayn convert "
+                         f"--from-hf {p} --base BASE --out ADAPTER, then --adapter ADAPTER")
+    return p
+
+
+def adapted_model_state(checkpoint: str | Path, base: str | Path | None = None) -> tuple[dict[str, Any],
+                                                                                        dict[str, torch.Tensor]]:
+    """An adapter checkpoint's ``config.json`` and the state dict of its model with every adapter folded in (the
+    plain model's names), read without accelerating anything.
+
+    Raises:
+        AiaynError: not an adapter checkpoint, or what :func:`load_pretrained` raises.
+    """
+    d = checkpoint_dir(checkpoint)
+    meta = load_config(d)
+    if not meta.get("adapter"):
+        raise AiaynError(f"{d}: has no LoRA adapters (config.json has no 'adapter' entry); it is already a plain "
+                         "checkpoint")
+    pre = load_pretrained(base, accel="none", adapter=checkpoint) if base is not None else load_pretrained(
+        checkpoint, accel="none")
+    return pre.meta, pre.model.state_dict()
+
+
+def merge_adapter(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False,
+                  base: str | Path | None = None) -> Path:
     """Write a checkpoint of a LoRA run (``[train] adapter = "lora"``) as a plain one: every adapter folded into its
     layer (``W + scaling * B A``), ``config.json`` without its ``adapter`` entry, the same tokenizer files, no
     training state; it loads and decodes as any checkpoint, in aiayn or (``convert --to-hf``) elsewhere.
@@ -210,11 +257,7 @@ def merge_adapter(checkpoint: str | Path, out: str | Path, *, overwrite: bool = 
             of something else and ``overwrite`` is false.
     """
     d = checkpoint_dir(checkpoint)
-    meta = load_config(d)
-    if not meta.get("adapter"):
-        raise AiaynError(f"{d}: has no LoRA adapters (config.json has no 'adapter' entry); it is already a plain "
-                         "checkpoint")
     into = check_output_folder(out, CHECKPOINT, overwrite=overwrite, sources=[Path(checkpoint), d])
-    state = merged_state(read_state_dict(d), meta["adapter"])
+    meta, state = adapted_model_state(checkpoint, base)
     plain = {k: v for k, v in meta.items() if k != "adapter"}
     return save_checkpoint(out, state, plain, tokenizer_writer=tokenizer_files(d), into=into)

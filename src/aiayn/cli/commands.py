@@ -67,7 +67,8 @@ def _warn(command: str, messages: list[str]) -> None:
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
-    """``--device``, ``--int8`` and ``--dtype``: how an inference command loads its checkpoint (see :func:`_load`)."""
+    """``--device``, ``--int8``, ``--dtype`` and ``--adapter``: how an inference command loads its checkpoint (see
+    :func:`_load`)."""
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N or auto (default: cuda if available; cpu with --int8)")
     p.add_argument("--int8", action="store_true",
@@ -76,6 +77,10 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="inference precision of the whole model (default float32). bfloat16: faster on CPUs with "
                         "native bf16 (AVX512-BF16/AMX) and on GPUs, outputs close to fp32's; float16: CUDA only")
+    p.add_argument("--adapter", default=None, metavar="DIR",
+                   help="the checkpoint of a LoRA run ([train] adapter = \"lora\") on the base --checkpoint: its "
+                        "adapters are folded in at load (the base model's speed); the base is checked against the one "
+                        "they were trained on (a PEFT folder: aiayn convert --from-hf DIR --base BASE first)")
 
 
 def _add_attention_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -105,11 +110,12 @@ def _add_ensemble_checkpoint_arg(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace, directory: str | None = None):
     """Load ``--checkpoint`` (or ``directory``) on ``--device`` (``auto`` means the CPU with ``--int8``),
-    int8-quantized or cast to ``--dtype`` if asked."""
+    int8-quantized or cast to ``--dtype`` if asked, with ``--adapter``'s adapters folded in."""
     from aiayn.devices import pick_device  # lazy: loaded when the command runs
 
     device = "cpu" if args.int8 and args.device == "auto" else device_name(args.device)
-    loaded = load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype)
+    loaded = load_pretrained(directory or args.checkpoint, pick_device(device), int8=args.int8, dtype=args.dtype,
+                             adapter=getattr(args, "adapter", None))
     announce_threads()  # the start-up thread choice, said once the checkpoint loaded
     return loaded
 
@@ -120,6 +126,9 @@ def _load_ensemble(args: argparse.Namespace) -> list:
     Several checkpoints must be of one task, with the same tokenizers and the same lower-casing.
     """
     dirs = args.checkpoint
+    if len(dirs) > 1 and getattr(args, "adapter", None):
+        raise AiaynError("--adapter adapts one base checkpoint; give one --checkpoint with it (or merge each "
+                         "adapter first: aiayn merge-adapter)")
     loaded = [_load(args, d) for d in dirs]
     first = loaded[0]
     for d, pre in zip(dirs[1:], loaded[1:]):

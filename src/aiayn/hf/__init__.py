@@ -27,17 +27,17 @@ from torch import Tensor, nn
 from aiayn.checkpoint import checkpoint_dir, checkpoint_file, load_config, read_state_dict, save_checkpoint
 from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.hf import sentence
+from aiayn.hf import peft, sentence
 from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported_model_types
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
 from aiayn.hf.vocab import read_tokenizer
 from aiayn.models.build import build_model
-from aiayn.nn.lora import merged_state
 from aiayn.output_folder import CHECKPOINT, TRANSFORMERS, check_output_folder
+from aiayn.pretrained import adapted_model_state
 from aiayn.tokenize import load_tokenizer
 
-__all__ = ["FAMILIES", "Family", "from_hf", "read_chat_template", "register", "resolve_source", "supported_model_types",
-           "to_hf"]
+__all__ = ["FAMILIES", "Family", "from_hf", "from_peft", "read_chat_template", "register", "resolve_source",
+           "supported_model_types", "to_hf"]
 
 TOKENIZER_FILE = "tokenizer.json"
 #: the tokenizer roles each task's checkpoint reads
@@ -221,8 +221,25 @@ def _family_for_checkpoint(config: ModelConfig, meta: dict[str, Any], where: Pat
     raise AiaynError(f"{where}: no transformers model type has this model's shape:\n" + "\n".join(reasons))
 
 
+def from_peft(folder: str | Path, base: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """A PEFT LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``) as an aiayn adapter checkpoint
+    on the aiayn checkpoint ``base`` (:func:`aiayn.hf.peft.adapter_checkpoint`); ``load_pretrained(out)`` and
+    ``--checkpoint BASE --adapter OUT`` decode with it.
+
+    Raises:
+        AiaynError: what :func:`aiayn.hf.peft.adapter_checkpoint` raises; a base of no transformers family.
+    """
+    d = checkpoint_dir(base)
+    meta = load_config(d)
+    if "model" not in meta:
+        raise AiaynError(f"{d / 'config.json'}: no 'model' entry; --base takes an aiayn model checkpoint")
+    config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
+    family, _ = _family_for_checkpoint(config, meta, d / "config.json")
+    return peft.adapter_checkpoint(folder, base, out, family, overwrite=overwrite)
+
+
 def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | None = None, *,
-          overwrite: bool = False) -> Path:
+          overwrite: bool = False, merged: bool = False) -> Path:
     """Write an aiayn checkpoint as a transformers model folder (``from_pretrained`` loads it).
 
     The family is the one the checkpoint was converted from, else the first of the checkpoint's task whose shape
@@ -236,6 +253,9 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
         say: called with a note on what was not written (default: nothing).
         overwrite: write the folder's files into a folder that holds other things (only files of the same names
             are replaced; nothing else there is changed or removed).
+        merged: for a LoRA run's checkpoint, the whole model with its adapters folded in; without it, the adapters
+            alone as a PEFT folder (:mod:`aiayn.hf.peft`), for ``PeftModel.from_pretrained`` on the base exported
+            as transformers' model.
 
     Returns:
         The folder.
@@ -252,6 +272,8 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
         raise AiaynError(f"{d / 'config.json'}: no 'model' entry; this is not an aiayn model checkpoint")
     config = ModelConfig.from_dict(meta["model"], str(d / "config.json"))
     family, entries = _family_for_checkpoint(config, meta, d / "config.json")
+    if meta.get("adapter") and not merged:
+        return peft.write_adapter_folder(d, config, family, into)
     base = meta.get("hf_config") if isinstance(meta.get("hf_config"), dict) else {}
     hf = {**{k: v for k, v in base.items() if k not in _FILE_KEYS}, **entries}
     tokenizers = meta.get("tokenizers") or {}
@@ -265,9 +287,7 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
         if family.task == "translation":
             ids["decoder_start_token_id"] = tok.decoder_start_id
         hf.update({k: v for k, v in ids.items() if v is not None or k == "pad_token_id"})
-    state = read_state_dict(d)
-    if meta.get("adapter"):  # LoRA adapters: the base with each folded in (PEFT's own files: aiayn.hf.peft)
-        state = merged_state(state, meta["adapter"])
+    state = adapted_model_state(d)[1] if meta.get("adapter") else read_state_dict(d)  # adapters folded in
     state = family.state_to_hf(state, config)
     folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model))
     if tok is not None and not wrote and say:

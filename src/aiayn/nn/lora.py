@@ -151,6 +151,12 @@ def lora_state(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def trainable_state(model: nn.Module) -> dict[str, Tensor]:
+    """The parameters that train (the adapters, and a head trained beside them) by name: what an adapter
+    checkpoint holds."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its layer (``W + scaling * B A``), in place: a plain model, as fast as its base."""
     for name, layer in lora_layers(model).items():
@@ -160,26 +166,25 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 def adapter_entry(model: nn.Module) -> dict[str, Any]:
     """``config.json``'s ``adapter`` entry of an adapted model: what :func:`restore_adapters` rebuilds its layers
-    from (their weights come with the checkpoint's state)."""
+    from (their weights come with the checkpoint's state). Layers of another rank or alpha than the first (an
+    adapter read from PEFT's parts) are listed in ``rank_pattern`` as ``[rank, alpha]``."""
     layers = lora_layers(model)
     first = next(iter(layers.values()))
-    return {"kind": "lora", "rank": first.rank, "alpha": first.scaling * first.rank, "layers": sorted(layers)}
+    rank, alpha = first.rank, first.scaling * first.rank
+    entry: dict[str, Any] = {"kind": "lora", "rank": rank, "alpha": alpha, "layers": sorted(layers)}
+    pattern = {n: [m.rank, m.scaling * m.rank] for n, m in layers.items()
+               if (m.rank, m.scaling * m.rank) != (rank, alpha)}
+    if pattern:
+        entry["rank_pattern"] = pattern
+    return entry
 
 
 def restore_adapters(model: nn.Module, entry: dict[str, Any]) -> list[str]:
     """Put back on ``model`` (built from a checkpoint's config) the adapted layers its ``adapter`` entry names, so
     that the checkpoint's state loads into it."""
-    return add_lora(model, int(entry["rank"]), float(entry["alpha"]), 0.0, list(entry["layers"]))
-
-
-def merged_state(state: dict[str, Tensor], entry: dict[str, Any]) -> dict[str, Tensor]:
-    """A state dict of an adapted model (``<layer>.base.weight``, ``<layer>.lora_A.weight``, ...) as the plain
-    model's, every adapter folded into its layer as :func:`merge_lora` does, without building the model."""
-    out = dict(state)
-    scaling = float(entry["alpha"]) / int(entry["rank"])
-    for name in entry["layers"]:
-        a, b = out.pop(f"{name}.lora_A.weight"), out.pop(f"{name}.lora_B.weight")
-        out[f"{name}.weight"] = folded(out.pop(f"{name}.base.weight"), a, b, scaling)
-        if f"{name}.base.bias" in out:
-            out[f"{name}.bias"] = out.pop(f"{name}.base.bias")
-    return out
+    pattern = entry.get("rank_pattern") or {}
+    names = [n for n in entry["layers"] if n not in pattern]
+    done = add_lora(model, int(entry["rank"]), float(entry["alpha"]), 0.0, names) if names else []
+    for name, (rank, alpha) in pattern.items():
+        done += add_lora(model, int(rank), float(alpha), 0.0, [name])
+    return done

@@ -44,6 +44,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
     write_average,
 )
+from aiayn.nn.lora import trainable_state
 from aiayn.train.dcp_checkpoint import save_sharded
 from aiayn.train.metrics_log import MetricsLogger
 from aiayn.train.parallel import Parallel
@@ -114,6 +115,8 @@ class CheckpointPolicy:
         self.last = self.out / "last"
         self.saved_step: int | None = run.step if resumed else None  # the step of the training state in last/
         self.rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
+        # an adapter run on a base checkpoint saves what trains alone (aiayn.checkpoint.adapter)
+        self.saved_names = (set(trainable_state(task.model)) if "base" in config_json.get("adapter", {}) else None)
 
     def after_step(self, bar: TrainingProgress) -> None:
         """After step ``run.step`` (every rank): validate every ``eval_every`` steps and at ``max_steps`` (keeping
@@ -213,8 +216,11 @@ class CheckpointPolicy:
         state = self._training_state(sharded) if with_state else None
         notes = getattr(self.task, "metric_notes", None)  # how validation scores were computed (BLEU's signature)
 
+        weights = par.weights if self.saved_names is None else {
+            k: v for k, v in par.weights.state_dict().items() if k in self.saved_names}
+
         def files(shard_writer: Any = None) -> Path:
-            return save_checkpoint(path, par.weights, {**self.config_json, **({"metrics": notes} if notes else {})},
+            return save_checkpoint(path, weights, {**self.config_json, **({"metrics": notes} if notes else {})},
                                    optimizer=self.optimizer if with_state and not sharded else None,
                                    scheduler=self.scheduler if with_state else None, train_state=state,
                                    tokenizer_writer=self.task.write_tokenizers, shard_writer=shard_writer)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from typing import Any
 
 from torch import nn
 
+from aiayn.checkpoint.adapter import base_reference
 from aiayn.errors import AiaynError
-from aiayn.nn.lora import add_lora
+from aiayn.nn.lora import adapter_entry, add_lora
+from aiayn.train.recipe import resolve_path
 from aiayn.train.train_config import TrainConfig
 
 
@@ -62,3 +65,14 @@ def add_lora_for_training(model: nn.Module, cfg: TrainConfig) -> list[str]:
                         cfg.lora_trainable or ())
     except ValueError as e:
         raise AiaynError(f"[train] lora_targets: {e}") from None
+
+
+def adapter_checkpoint_entry(model: nn.Module, recipe: dict[str, Any] | None) -> dict[str, Any]:
+    """``config.json``'s ``adapter`` entry of a LoRA run (:mod:`aiayn.checkpoint.adapter`): the adapted layers, and
+    the ``[model] init_from`` checkpoint as the base, by path and manifest hash, when the recipe names one (the
+    run's checkpoints then hold the trained tensors alone)."""
+    entry = adapter_entry(model)
+    name = (recipe or {}).get("model", {}).get("init_from")
+    if name:
+        entry["base"] = base_reference(resolve_path(recipe, name))
+    return entry

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from aiayn.checkpoint import STATE_FILE, load_config, load_model_state, load_training_state
+from aiayn.checkpoint.adapter import load_adapted
 from aiayn.checkpoint.disk import trash
 from aiayn.checkpoint.layout import CheckpointRead, checkpoint_dir, is_readable, old_path
 from aiayn.errors import AiaynError
@@ -77,7 +78,10 @@ def read_last(task: Any, cfg: TrainConfig, ranks: Ranks, kind: str, config_json:
         validate_training_state(state, last / STATE_FILE, probe)
         changes = check_same_run(last, load_config(ck), config_json, state.get("recipe"), recipe_sections or None,
                                  state.get("train_config"), cfg.to_dict())
-        load_model_state(ck, model)  # the full weights, before any sharding
+        if "base" in config_json.get("adapter", {}):  # the trained tensors alone, over the base they adapt
+            load_adapted(ck, config_json["adapter"], model)
+        else:
+            load_model_state(ck, model)  # the full weights, before any sharding
     by_name = None
     if kind == "fsdp" and state.get("sharded") != SHARDED_FORMAT:  # a replicated run's optimizer, by name
         by_name = optimizer_state_by_name(model, probe, state["optimizer"])

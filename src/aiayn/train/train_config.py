@@ -94,6 +94,10 @@ class TrainConfig:
         if p.ok("average_last", "save_every") and self.average_last > 0 and self.save_every is None:
             p.add("average_last", "averages the periodic checkpoints, but save_every is not set; set save_every, "
                                   "or average_last = 0")
+        if p.ok("average_last", "adapter") and self.average_last > 0 and self.adapter is not None:
+            p.add("average_last", "averaging LoRA factors is not averaging the updates they make (B A); set "
+                                  "average_last = 0, and average merged checkpoints (aiayn merge-adapter, then "
+                                  "aiayn average)")
         if p.ok("parallel", "fsdp_cpu_offload") and self.fsdp_cpu_offload and self.parallel != "fsdp":
             p.add("fsdp_cpu_offload", 'offloads the shards of FSDP; set parallel = "fsdp", or fsdp_cpu_offload = false')
         if p.ok("parallel", "dtype") and self.parallel == "fsdp" and self.dtype == "float16":

@@ -40,13 +40,12 @@ from tqdm import tqdm
 from aiayn import accel
 from aiayn.checkpoint import STATE_FILE
 from aiayn.errors import AiaynError
-from aiayn.nn.lora import adapter_entry
 from aiayn.nn.moe import moe_load_stats
 from aiayn.output_folder import check_run_files, check_run_folder
 from aiayn.threads import ThreadGovernor, announce_threads, forget_start_choice, rule_for_this_run, threads_option
 from aiayn.train.checkpoint_policy import CheckpointPolicy, RunState
 from aiayn.train.distributed import Ranks
-from aiayn.train.freeze import add_lora_for_training, freeze_parameters
+from aiayn.train.freeze import adapter_checkpoint_entry, add_lora_for_training, freeze_parameters
 from aiayn.train.metrics_log import MetricsLogger, drop_rows_after, read_metrics
 from aiayn.train.parallel import Parallel, parallelize, resolve_parallel
 from aiayn.train.precision import Precision
@@ -161,8 +160,8 @@ def _train(task: Task, cfg: TrainConfig, resume: bool, recipe: dict[str, Any] | 
     _check_out_dir(out, ranks, resume)
     recipe_sections = {k: dict(v) for k, v in (recipe or {}).items() if k in ("model", "tokenizer", "data")}
     config_json = task.checkpoint_config()
-    if cfg.adapter == "lora":  # what a reader needs to rebuild (and merge) the adapted layers
-        config_json["adapter"] = adapter_entry(model)
+    if cfg.adapter == "lora":  # what a reader needs to rebuild the adapted layers, and the base they adapt
+        config_json["adapter"] = adapter_checkpoint_entry(model, recipe)
     resumed = read_last(task, cfg, ranks, kind, config_json, recipe_sections) if resume else None
     if resumed is None:
         check_fresh_start(task, out, kind, ranks)
