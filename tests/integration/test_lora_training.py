@@ -12,7 +12,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_finetune_converted import _final_val, _lm_recipe, converted, one_thread  # noqa: E402, F401 (fixtures)
+from test_finetune_converted import (  # noqa: E402, F401 (fixtures)
+    _classification_recipe,
+    _final_val,
+    _lm_recipe,
+    _translation_recipe,
+    converted,
+    one_thread,
+)
 
 from aiayn.checkpoint import read_state_dict  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
@@ -129,11 +136,40 @@ def test_a_resumed_lora_run_equals_an_uninterrupted_one(tmp_path: Path,
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.parametrize("family", ["bart", "bert"])
+def test_lora_runs_of_a_translation_model_and_a_classifier_load_in_peft_with_their_logits(
+        family: str, tmp_path: Path, converted: dict[str, Path]) -> None:  # noqa: F811
+    peft = pytest.importorskip("peft")
+    make = _translation_recipe if family == "bart" else _classification_recipe
+    head = 'lora_trainable = ["cls_head"]\n' if family == "bert" else ""
+    run_recipe(make(tmp_path, converted[family], name="lora", steps=3, lr=1e-2, train=LORA + head), [])
+    last = tmp_path / "lora" / "last"
+    saved = load_pretrained(last, accel="none", merge=False)  # as PEFT computes: the adapters apart
+    own = read_state_dict(last)
+    assert any(k.startswith("cls_head.") for k in own) == (family == "bert")
+    assert all(".lora_" in k or k.startswith("cls_head.") for k in own)
+    to_hf(last, tmp_path / "peft")
+    hf_cls = transformers.BartForConditionalGeneration if family == "bart" else \
+        transformers.BertForSequenceClassification
+    hf = peft.PeftModel.from_pretrained(hf_cls.from_pretrained(converted[f"{family}-hf"]), str(tmp_path / "peft"))
+    ids = torch.tensor([[0, 5, 9, 12, 7, 2]]) if family == "bart" else torch.tensor([[3, 8, 9, 12, 7, 4]])
+    with torch.no_grad():
+        if family == "bart":
+            tgt = torch.tensor([[2, 0, 7, 9]])
+            want, got = hf.eval()(input_ids=ids, decoder_input_ids=tgt).logits, saved.model(ids, tgt).logits
+        else:
+            want, got = hf.eval()(input_ids=ids).logits, saved.model(ids, task="classify").logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_lora_targets_that_match_nothing_are_one_error(tmp_path: Path,
                                                        converted: dict[str, Path]) -> None:  # noqa: F811
     recipe = _lm_recipe(tmp_path, converted["gpt2"], name="bad", steps=2,
                         train='adapter = "lora"\nlora_targets = ["c_attn"]\n')
     with pytest.raises(AiaynError, match=r"\[train\] lora_targets: no linear layer matches.*qkv_proj"):
         run_recipe(recipe, [])
+    with pytest.raises(AiaynError, match=r"\[train\] lora_rank: a LoRA rank of 999 does not fit"):
+        run_recipe(_lm_recipe(tmp_path, converted["gpt2"], name="bad-rank", steps=2,
+                              train='adapter = "lora"\nlora_rank = 999\n'), [])
     with pytest.raises(AiaynError, match="adapter"):
         run_recipe(_lm_recipe(tmp_path, converted["gpt2"], name="bad2", steps=2, train='adapter = "dora"\n'), [])

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from aiayn.checkpoint import checkpoint_dir, save_checkpoint
+from aiayn.checkpoint import checkpoint_dir, read_state_dict, save_checkpoint
 from aiayn.checkpoint.adapter import base_reference
 from aiayn.checkpoint.layout import tokenizer_files
 from aiayn.config import ModelConfig
@@ -198,8 +198,12 @@ def to_peft(model: nn.Module, config: ModelConfig, family: str | Family
             targets.add(part.module.rsplit(".", 1)[-1])
     trained = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
     saved = _saved_modules(fam, config, state, trained) if trained else {}
+    if fam.task == "classification":  # PEFT's SEQ_CLS reads its classifier from the adapter folder, trained or not
+        others = [k for k in state if k not in saved]
+        saved.update({k: hf for k, hf in _whole(fam, config, state, others).items()
+                      if hf.startswith(("classifier.", "score."))})
     for key, hf_key in saved.items():
-        tensors[PREFIX + hf_key] = model.get_parameter(key).detach().contiguous()
+        tensors[PREFIX + hf_key] = state[key].detach().contiguous()
     rank = max(set(ranks.values()), key=list(ranks.values()).count)
     alpha = max(set(alphas.values()), key=list(alphas.values()).count)
     task = TASK_TYPES.get(fam.task)
@@ -235,6 +239,10 @@ def write_adapter_folder(checkpoint: Path, config: ModelConfig, family: Family, 
     """
     pre = load_pretrained(checkpoint, accel="none", merge=False)
     base = pre.meta["adapter"].get("base", {}).get("checkpoint")
+    if base is not None:  # what the run trained besides the adapters: the checkpoint's own other tensors
+        own = {k for k in read_state_dict(checkpoint) if ".lora_" not in k}
+        for name, p in pre.model.named_parameters():
+            p.requires_grad_(name in own)
     tmp = staging_folder(into.path)
     try:
         save_peft(pre.model, config, family, tmp, base_model=base)

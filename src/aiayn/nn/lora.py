@@ -129,6 +129,14 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: floa
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m) is nn.Linear})
         raise ValueError(f"no linear layer matches the LoRA targets {list(targets)}; this model's linear layers end "
                          f"in {', '.join(linears)} (or name a group: {', '.join(TARGET_GROUPS)})")
+    too_small = [n for n in names
+                 if rank > min(model.get_submodule(n).in_features, model.get_submodule(n).out_features)]
+    if too_small:
+        layer = model.get_submodule(too_small[0])
+        raise ValueError(f"a LoRA rank of {rank} does not fit {too_small[0]} ({layer.out_features} x "
+                         f"{layer.in_features}): a rank above min(out, in) = "
+                         f"{min(layer.in_features, layer.out_features)} adds parameters, not expressiveness; lower the "
+                         "rank")
     keep = tuple(trainable)
     for name, p in model.named_parameters():
         p.requires_grad_(bool(keep) and name.startswith(keep))

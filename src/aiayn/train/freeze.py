@@ -64,7 +64,8 @@ def add_lora_for_training(model: nn.Module, cfg: TrainConfig) -> list[str]:
         return add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets or ["attention"],
                         cfg.lora_trainable or ())
     except ValueError as e:
-        raise AiaynError(f"[train] lora_targets: {e}") from None
+        key = "lora_rank" if "LoRA rank" in str(e) else "lora_targets"
+        raise AiaynError(f"[train] {key}: {e}") from None
 
 
 def adapter_checkpoint_entry(model: nn.Module, recipe: dict[str, Any] | None) -> dict[str, Any]:
