@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,12 +152,27 @@ def _train(p: argparse.ArgumentParser) -> None:
                         "fsdp); each optimizer step then takes N x train.accum batches, as one process with "
                         "train.accum multiplied by N would (default 1). Several machines: torchrun -m aiayn train "
                         "(docs/distributed.md)")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="read every [data] file from DIR by its file name (data kept elsewhere, or a stand-in of the "
+                        "same layout: aiayn data standin wmt14)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the recipe end to end and plan its run, writing nothing: validate, read the data, train "
+                        "the tokenizer in memory, build the model, print its parameters by part, tokens per step and "
+                        "memory per rank, time a few steps on this device and estimate the time of train.max_steps "
+                        "and the GPU-hours on named GPUs")
+    p.add_argument("--dry-run-steps", type=whole(0), default=3, metavar="N",
+                   help="with --dry-run: optimizer steps timed after one warm-up step (default 3; 0: none)")
+    p.add_argument("--dry-run-tokens", type=whole(1), default=None, metavar="T",
+                   help="with --dry-run: padded tokens a side per micro-batch of the timed steps (default: the "
+                        "recipe's on CUDA, 256 on the CPU)")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.registry import run_recipe  # lazy: loaded when the command runs
 
+        if args.dry_run:
+            return _dry_run(args)
         if args.nproc == 1:
-            run_recipe(args.recipe, args.overrides, resume=args.resume)
+            run_recipe(args.recipe, args.overrides, resume=args.resume, data_dir=args.data_dir)
             return 0
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
@@ -166,11 +182,25 @@ def _train(p: argparse.ArgumentParser) -> None:
         # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS), and the
         # command that resumes the run as the user would type it
         again = command("train", args.recipe, *args.overrides, "--nproc", str(args.nproc), "--resume")
-        launch(args.nproc, ["train", args.recipe, *args.overrides, *(["--resume"] if args.resume else [])],
+        data = ["--data-dir", args.data_dir] if args.data_dir else []
+        launch(args.nproc, ["train", args.recipe, *args.overrides, *data, *(["--resume"] if args.resume else [])],
                env={RESUME_COMMAND_VAR: again})
         return 0
 
     p.set_defaults(run=run)
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """``aiayn train RECIPE --dry-run``: the recipe checked and its run planned (aiayn.tasks.dry_run)."""
+    from aiayn.tasks.dry_run import dry_run, format_report  # lazy: loaded when the command runs
+
+    if args.resume or args.nproc != 1:
+        raise AiaynError("--dry-run plans a new run in this process; leave out --resume and --nproc")
+    started = time.time()
+    result = dry_run(args.recipe, args.overrides, data_dir=args.data_dir, steps=args.dry_run_steps,
+                     step_tokens=args.dry_run_tokens)
+    print(format_report(result, time.time() - started), flush=True)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- translate
