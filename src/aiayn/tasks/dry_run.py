@@ -206,8 +206,8 @@ def format_report(r: DryRun, wall_seconds: float) -> str:
         lines.append(f"{ranks} rank(s): train.accum={p['accum']}, {p['tokens_per_step']:,} padded tokens a side per "
                      f"step; memory per rank (estimate{sharded}): weights "
                      f"{m.weights / gib:.2f} GiB, gradients {m.gradients / gib:.2f}, Adam state "
-                     f"{m.optimizer / gib:.2f}, activations {m.activations / gib:.2f} (formula, {SENTENCE_TOKENS}-token "
-                     f"sentences), total {m.total / gib:.2f} GiB"
+                     f"{m.optimizer / gib:.2f}, activations {m.activations / gib:.2f} (formula, "
+                     f"{SENTENCE_TOKENS}-token sentences), total {m.total / gib:.2f} GiB"
                      + (f"; rank 0 holds one more whole copy of the weights ({4 * r.params / gib:.2f} GiB) to evaluate "
                         "and save" if p["sharded"] else ""))
     if r.timed:
