@@ -350,6 +350,9 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=whole(1), default=None,
                    help="lm: window step, below the context (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
+    p.add_argument("--paper-bleu", metavar="LANG", default=None,
+                   help="translation: also report BLEU as the paper reports WMT 2014 (tokenized, cased; with "
+                        "tensor2tensor's compound splitting when LANG, the target language, is de)")
     _add_decode_args(p, batch_help="sentences decoded together (translation), texts or images (classification) or "
                                    "context windows (lm) per forward pass (default 64)")
     _add_load_args(p)
@@ -406,6 +409,10 @@ def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
               "tokenized_lowercase_bleu": round(tok_bleu.score, 2), "tokenized_signature": tok_bleu.signature,
               "chrf": round(chrf.score, 2), "chrf_signature": chrf.signature, "sentences": len(src),
               "checkpoints": [str(c) for c in args.checkpoint]}
+    if args.paper_bleu:
+        from aiayn.evaluate.paper_bleu import paper_and_sacrebleu  # lazy: loaded when the command runs
+
+        result.update(paper_and_sacrebleu(hyps, ref, args.paper_bleu))
     print(json.dumps(result, indent=2))
     return 0
 
@@ -484,17 +491,39 @@ def _average(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data
-@command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k (sha256-checked).")
+@command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k, 'aiayn data download wmt14 "
+                 "--pair en-de --dest DIR' the WMT 2014 training corpora (sha256-checked) and newstest2013/2014 "
+                 "(through sacrebleu); 'aiayn data standin wmt14 --pair en-de --dest DIR' writes a small offline "
+                 "stand-in of the WMT folder's layout.")
 def _data(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["download"])
-    p.add_argument("dataset", choices=["multi30k"])
-    p.add_argument("--dest", default="data/multi30k", help="destination folder")
+    p.add_argument("action", choices=["download", "standin"])
+    p.add_argument("dataset", choices=["multi30k", "wmt14"])
+    p.add_argument("--dest", default=None, help="destination folder (default data/multi30k, data/wmt14-PAIR)")
+    p.add_argument("--pair", choices=["en-de", "en-fr"], default="en-de", help="wmt14: the language pair")
     p.add_argument("--base-url", default=None, help="mirror URL (http(s):// or file://) holding the same files")
+    p.add_argument("--checksums", metavar="FILE", default=None,
+                   help="wmt14 with --base-url: a sha256sum listing of the mirror's archives, when it holds other "
+                        "files than statmt.org's")
+    p.add_argument("--pairs", type=whole(10), default=2000, help="standin: training sentence pairs (default 2000)")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.data.download import download_multi30k  # lazy: loaded when the command runs
+        if args.action == "standin":
+            if args.dataset != "wmt14":
+                raise AiaynError("aiayn data standin writes a stand-in of wmt14 only; for multi30k use the real data")
+            from aiayn.data.wmt14_standin import write_standin  # lazy: loaded when the command runs
 
-        for path in download_multi30k(Path(args.dest), base_url=args.base_url):
+            paths = write_standin(args.pair, Path(args.dest or f"data/wmt14-{args.pair}-standin"), n_train=args.pairs)
+        elif args.dataset == "wmt14":
+            from aiayn.data.wmt14 import download_wmt14, read_checksums  # lazy: loaded when the command runs
+
+            sums = read_checksums(Path(args.checksums)) if args.checksums else None
+            paths = download_wmt14(args.pair, Path(args.dest or f"data/wmt14-{args.pair}"), base_url=args.base_url,
+                                   checksums=sums)
+        else:
+            from aiayn.data.download import download_multi30k  # lazy: loaded when the command runs
+
+            paths = download_multi30k(Path(args.dest or "data/multi30k"), base_url=args.base_url)
+        for path in paths:
             print(path)
         return 0
 
