@@ -181,10 +181,11 @@ def _member_lines(tar: tarfile.TarFile, archive: Path, member: str) -> Iterator[
 
 def _write_test_set(test_set: str, pair: str, stem: Path) -> list[Path]:
     """``stem.SRC`` and ``stem.TGT`` from sacrebleu's ``test_set`` (downloaded by sacrebleu into ``$SACREBLEU``)."""
-    from sacrebleu.utils import download_test_set  # lazy: reads $SACREBLEU when first imported
+    from sacrebleu.dataset import DATASETS  # lazy: reads $SACREBLEU when first imported
 
     try:
-        source, reference = download_test_set(test_set, pair)[:2]
+        dataset = DATASETS[test_set]
+        source, reference = dataset.get_source_file(pair), dataset.get_reference_files(pair)[0]  # downloads
     except Exception as e:  # sacrebleu raises bare Exceptions and OSErrors alike
         raise AiaynError(f"sacrebleu -t {test_set} -l {pair}: {e}; check the network, or set SACREBLEU to a folder "
                          "holding sacrebleu's files") from e

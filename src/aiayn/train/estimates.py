@@ -11,7 +11,7 @@ Every figure here is an estimate from a formula, stated as such where it is prin
 - training FLOPs: three times the forward pass (:func:`aiayn.models.stats.forward_flops_per_token`, the matrices'
   2 FLOPs per multiply-add and the attention scores) per target token;
 - time on a GPU: those FLOPs at an assumed model-FLOPs utilization of its dense bf16 peak (or fp16 / fp32 for
-  the paper's P100, which has no bf16).
+  the paper's P100, which has no bf16 and which the paper ran in fp32).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class GPU:
 
 
 #: dense (no sparsity) peaks from the vendors' data sheets
-GPUS = (GPU("H100 SXM (bf16)", 989.0), GPU("A100 SXM (bf16)", 312.0), GPU("P100 SXM (fp16)", 21.2))
+GPUS = (GPU("H100 SXM (bf16)", 989.0), GPU("A100 SXM (bf16)", 312.0), GPU("P100 SXM2 (fp32, as in the paper)", 10.6))
 MFU = 0.4  # assumed model-FLOPs utilization: 40% of the peak
 
 
