@@ -46,7 +46,8 @@ class DryRun:
         device: where the timed steps ran.
         step_tokens: the padded tokens a side per micro-batch of the timed steps.
         timed: per timed step, (seconds for forward and backward, seconds for the update, target tokens).
-        step_seconds: the recipe's whole step (every rank's micro-batches) on this one device, scaled from ``timed``.
+        step_seconds: the recipe's whole step (every rank's micro-batches) on this one device, scaled from ``timed``
+            (0.0 without timed steps).
         measured_peak: the peak bytes the timed steps allocated on CUDA, or this process's peak RSS on the CPU.
         plan: per planned rank count, the tokens per step, memory per rank and time estimates.
         notes: what a real run would say beside (an out_dir it would refuse, a stand-in vocabulary).
@@ -178,10 +179,12 @@ def _plan(result: DryRun, task: Any, cfg: TrainConfig, budget: int) -> None:
             if config.arch == "encoder-decoder" else 0.0)
     planned_ranks = max(PLANNED_RANKS)
     step_tokens = budget * cfg.accum * planned_ranks  # the recipe's step, as set for the planned ranks
+    micro, update = 0.0, 0.0  # seconds of one micro-batch of `budget` tokens, and of one update, on this device
     if result.timed:  # compute runs over padded tensors, so the time scales with padded tokens
         forward_backward = sum(t[0] for t in result.timed) / len(result.timed)
         update = sum(t[1] for t in result.timed) / len(result.timed)
-        result.step_seconds = forward_backward * step_tokens / (cfg.accum * result.step_tokens) + update
+        micro = forward_backward * budget / (cfg.accum * result.step_tokens)
+        result.step_seconds = micro * step_tokens / budget + update
     flops = step_flops(config, step_tokens, SENTENCE_TOKENS, SENTENCE_TOKENS) * cfg.max_steps
     for ranks in PLANNED_RANKS:
         shards = ranks if (cfg.parallel == "fsdp" and ranks > 1) else 1
@@ -190,6 +193,7 @@ def _plan(result: DryRun, task: Any, cfg: TrainConfig, budget: int) -> None:
             "accum": accum, "tokens_per_step": budget * accum * ranks,
             "memory": rank_memory(result.params, shards, acts), "sharded": shards > 1,
             "gpus": {gpu.name: hours_on(gpu, ranks, flops) for gpu in GPUS}, "total_flops": flops,
+            "device_step_seconds": micro * accum + update if result.timed else None,
         }
 
 
@@ -215,15 +219,16 @@ def format_report(r: DryRun, wall_seconds: float) -> str:
         peak = "peak allocated" if r.device.startswith("cuda") else "peak RSS of this process"
         lines.append(f"timed steps on {r.device} at {r.step_tokens} padded tokens a side x accum {cfg.accum} "
                      f"(forward+backward + update): {fb}; {peak} {r.measured_peak / gib:.2f} GiB")
-        biggest = max(r.plan)
-        lines.append(f"the recipe's step ({r.plan[biggest]['tokens_per_step']:,} tokens a side) on this one device, "
-                     "forward+backward scaled linearly in padded tokens from the timed steps, plus one update: "
-                     f"{r.step_seconds:.1f} s; {cfg.max_steps:,} steps: {r.step_seconds * cfg.max_steps / 3600:,.1f} h")
+        for ranks, p in r.plan.items():
+            seconds, micro = p["device_step_seconds"], p["tokens_per_step"] // (ranks * p["accum"])
+            lines.append(f"  on {ranks} device(s) like this one, each its {p['accum']} micro-batch(es) of "
+                         f"{micro:,} tokens (forward+backward scaled linearly in padded tokens, plus one update; communication not counted): {seconds:.2f} s a step, "
+                         f"{seconds * cfg.max_steps / 3600:,.1f} h for {cfg.max_steps:,} steps")
     any_plan = next(iter(r.plan.values()))
     lines.append(f"estimates from FLOPs ({any_plan['total_flops']:.3g} for {cfg.max_steps:,} steps, "
-                 f"{MFU:.0%} of each GPU's dense peak):")
+                 f"{MFU:.0%} of each GPU's dense peak; a lower bound where a step is too small to keep a GPU busy):")
     for ranks, p in r.plan.items():
-        cells = "; ".join(f"{name} {wall:,.1f} h ({gpu_h:,.0f} GPU-h)" for name, (wall, gpu_h) in p["gpus"].items())
+        cells = "; ".join(f"{name} {wall:,.2f} h ({gpu_h:,.1f} GPU-h)" for name, (wall, gpu_h) in p["gpus"].items())
         lines.append(f"  {ranks} GPU(s): {cells}")
     lines += [f"note: {n}" for n in r.notes]
     lines.append(f"dry run took {wall_seconds:.1f} s")
