@@ -222,7 +222,8 @@ def format_report(r: DryRun, wall_seconds: float) -> str:
         for ranks, p in r.plan.items():
             seconds, micro = p["device_step_seconds"], p["tokens_per_step"] // (ranks * p["accum"])
             lines.append(f"  on {ranks} device(s) like this one, each its {p['accum']} micro-batch(es) of "
-                         f"{micro:,} tokens (forward+backward scaled linearly in padded tokens, plus one update; communication not counted): {seconds:.2f} s a step, "
+                         f"{micro:,} tokens (forward+backward scaled linearly in padded tokens, plus one update; "
+                         f"communication not counted): {seconds:.2f} s a step, "
                          f"{seconds * cfg.max_steps / 3600:,.1f} h for {cfg.max_steps:,} steps")
     any_plan = next(iter(r.plan.values()))
     lines.append(f"estimates from FLOPs ({any_plan['total_flops']:.3g} for {cfg.max_steps:,} steps, "
