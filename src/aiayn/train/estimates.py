@@ -10,8 +10,8 @@ Every figure here is an estimate from a formula, stated as such where it is prin
   log-softmax; float32 activations double the layers' share;
 - training FLOPs: three times the forward pass (:func:`aiayn.models.stats.forward_flops_per_token`, the matrices'
   2 FLOPs per multiply-add and the attention scores) per target token;
-- time on a GPU: those FLOPs at an assumed model-FLOPs utilization of its dense bf16 peak (or fp16 / fp32 for
-  the paper's P100, which has no bf16 and which the paper ran in fp32).
+- time on a GPU: those FLOPs at an assumed model-FLOPs utilization of its dense bf16 peak (for the paper's P100,
+  which has no bf16, of the 9.5 TFLOP/s of fp32 its Table 2 takes).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class GPU:
 
 
 #: dense (no sparsity) peaks from the vendors' data sheets
-GPUS = (GPU("H100 SXM (bf16)", 989.0), GPU("A100 SXM (bf16)", 312.0), GPU("P100 SXM2 (fp32, as in the paper)", 10.6))
+GPUS = (GPU("H100 SXM (bf16)", 989.0), GPU("A100 SXM (bf16)", 312.0), GPU("P100 (fp32, as the paper's Table 2)", 9.5))
 MFU = 0.4  # assumed model-FLOPs utilization: 40% of the peak
 
 
