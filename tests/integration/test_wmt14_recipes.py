@@ -124,3 +124,11 @@ def test_the_command_prints_the_plan(standins: dict[str, Path], tmp_path: Path, 
 def test_a_dry_run_with_resume_is_refused(capsys: pytest.CaptureFixture) -> None:
     assert main(["train", str(RECIPES / "wmt14-en-de-base.toml"), "--dry-run", "--resume"]) == 2
     assert "--dry-run plans a new run" in capsys.readouterr().err
+
+
+def test_the_standin_command_writes_the_layout_the_recipes_read(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["data", "standin", "wmt14", "--pair", "en-fr", "--dest", str(tmp_path), "--pairs", "50"]) == 0
+    names = {Path(line).name for line in capsys.readouterr().out.split()}
+    assert names == {f"{stem}.{lang}" for stem in ("train", "newstest2013", "newstest2014") for lang in ("en", "fr")}
+    assert len((tmp_path / "train.fr").read_text().splitlines()) == 50
+    assert main(["data", "standin", "multi30k", "--dest", str(tmp_path / "m")]) == 2

@@ -3,11 +3,20 @@ beside it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import torch
 from sacrebleu.metrics import BLEU
 
+from aiayn.checkpoint import save_checkpoint
+from aiayn.cli.main import main
+from aiayn.config import ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.evaluate.paper_bleu import paper_and_sacrebleu, paper_bleu, paper_tokens, split_compounds
+from aiayn.models.build import build_model
+from aiayn.tokenize import WordTokenizer
 
 HYPS = ["Die Zwei-Staaten-Lösung ist nicht tot, sagte er.", "Das Haus ist sehr groß."]
 REFS = ["Die Zwei-Staaten-Lösung ist tot, sagte er.", "Das Haus ist groß."]
@@ -55,3 +64,23 @@ def test_identical_output_scores_100_and_sacrebleu_comes_with_its_signature() ->
 def test_unaligned_files_are_refused() -> None:
     with pytest.raises(AiaynError, match="2 hypotheses but 1 references"):
         paper_bleu(HYPS, REFS[:1], compound_split=True)
+
+
+def test_evaluate_prints_the_papers_bleu_of_its_own_translations(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``aiayn evaluate --paper-bleu de`` scores the translations it writes as :func:`paper_bleu` does."""
+    tok = WordTokenizer("the a cat dog sees runs big-house small tree".split())
+    torch.manual_seed(0)
+    model = build_model(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_len=16))
+    ckpt = save_checkpoint(tmp_path / "mt", model, {"task": "translation", "model": model.config.to_dict(),
+                                                   "tokenizers": {"src": "tokenizer.json", "tgt": "tokenizer.json"}},
+                           tokenizer_writer=lambda d: tok.save(d / "tokenizer.json"))
+    src, ref, hyp = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    src.write_text("the cat sees a dog\nthe big-house runs\n")
+    ref.write_text("the cat sees the big-house\na small tree runs\n")
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(src), "--ref", str(ref), "--hyp-out", str(hyp),
+                 "--paper-bleu", "de"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    hyps, refs = hyp.read_text().splitlines(), ref.read_text().splitlines()
+    assert printed["paper_bleu"] == round(paper_bleu(hyps, refs, compound_split=True).score, 2)
+    assert printed["paper_bleu_signature"].startswith("pre:13a+compound-split|")
+    assert "tok:13a" in printed["sacrebleu_signature"]

@@ -498,7 +498,9 @@ def _average(p: argparse.ArgumentParser) -> None:
 def _data(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["download", "standin"])
     p.add_argument("dataset", choices=["multi30k", "wmt14"])
-    p.add_argument("--dest", default=None, help="destination folder (default data/multi30k, data/wmt14-PAIR)")
+    p.add_argument("--dest", default=None,
+                   help="destination folder (default data/multi30k, data/wmt14-PAIR, or for standin "
+                        "data/wmt14-PAIR-standin)")
     p.add_argument("--pair", choices=["en-de", "en-fr"], default="en-de", help="wmt14: the language pair")
     p.add_argument("--base-url", default=None, help="mirror URL (http(s):// or file://) holding the same files")
     p.add_argument("--checksums", metavar="FILE", default=None,

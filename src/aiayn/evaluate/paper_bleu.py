@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from sacrebleu.metrics import BLEU
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from aiayn.evaluate.bleu import Score, _bleu, corpus_bleu
+from aiayn.evaluate.bleu import Score, bleu_score, corpus_bleu
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _TOKENIZE = Tokenizer13a()
@@ -47,7 +47,7 @@ def paper_bleu(hyps: Sequence[str], refs: Sequence[str], compound_split: bool) -
     tok_hyps = [paper_tokens(h, compound_split) for h in hyps]
     tok_refs = [paper_tokens(r, compound_split) for r in refs]
     metric = BLEU(tokenize="none", force=True)  # force: the text is tokenized on purpose
-    score = _bleu(tok_hyps, tok_refs, metric, "paper_bleu")
+    score = bleu_score(tok_hyps, tok_refs, metric, "paper_bleu")
     pre = f"pre:13a{'+compound-split' if compound_split else ''}"
     return Score(score.name, score.score, f"{pre}|{score.signature}", score.details)
 
