@@ -132,3 +132,8 @@ def test_the_standin_command_writes_the_layout_the_recipes_read(tmp_path: Path, 
     assert names == {f"{stem}.{lang}" for stem in ("train", "newstest2013", "newstest2014") for lang in ("en", "fr")}
     assert len((tmp_path / "train.fr").read_text().splitlines()) == 50
     assert main(["data", "standin", "multi30k", "--dest", str(tmp_path / "m")]) == 2
+
+
+def test_a_dry_run_of_another_task_is_refused_by_name(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", str(RECIPES / "shakespeare-char.toml"), "--dry-run"]) == 2
+    assert "--dry-run plans translation recipes" in capsys.readouterr().err

@@ -156,10 +156,10 @@ def _train(p: argparse.ArgumentParser) -> None:
                    help="read every [data] file from DIR by its file name (data kept elsewhere, or a stand-in of the "
                         "same layout: aiayn data standin wmt14)")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the recipe end to end and plan its run, writing nothing: validate, read the data, train "
-                        "the tokenizer in memory, build the model, print its parameters by part, tokens per step and "
-                        "memory per rank, time a few steps on this device and estimate the time of train.max_steps "
-                        "and the GPU-hours on named GPUs")
+                   help="check a translation recipe end to end and plan its run, writing nothing: validate, read the "
+                        "data, train the tokenizer in memory, build the model, print its parameters by part, tokens "
+                        "per step and memory per rank, time a few steps on this device and estimate the time of "
+                        "train.max_steps and the GPU-hours on named GPUs")
     p.add_argument("--dry-run-steps", type=whole(0), default=3, metavar="N",
                    help="with --dry-run: optimizer steps timed after one warm-up step (default 3; 0: none)")
     p.add_argument("--dry-run-tokens", type=whole(1), default=None, metavar="T",

@@ -21,7 +21,7 @@ from torch import nn
 from aiayn.devices import pick_device
 from aiayn.errors import AiaynError
 from aiayn.output_folder import check_run_folder
-from aiayn.tasks.registry import build_task, train_config
+from aiayn.tasks.registry import train_config
 from aiayn.tasks.translation import TranslationTask
 from aiayn.train.distributed import Ranks
 from aiayn.train.estimates import GPUS, MFU, activation_bytes, hours_on, rank_memory, step_flops
@@ -83,6 +83,9 @@ def dry_run(path: str | Path, overrides: list[str] | None = None, *, data_dir: s
         AiaynError: any problem of the recipe, its data or its model, as ``aiayn train`` would raise it.
     """
     recipe = load_recipe(path, overrides)
+    if recipe["task"] != "translation":
+        raise AiaynError(f"{path}: --dry-run plans translation recipes (token budgets a side, an encoder-decoder); "
+                         f"this is a {recipe['task']!r} recipe: train it with a small train.max_steps instead")
     if data_dir is not None:
         with_data_dir(recipe, data_dir)
     validate_recipe(recipe)
@@ -95,22 +98,19 @@ def dry_run(path: str | Path, overrides: list[str] | None = None, *, data_dir: s
     task = _build(recipe, cfg)
     model = task.model
     parts, params = parameter_parts(model)
-    budget = task.data.get("batch_tokens") if hasattr(task, "data") else None
+    budget = task.data["batch_tokens"]
     device = next(model.parameters()).device
-    tokens = step_tokens or (budget if device.type == "cuda" and budget else 256)
+    tokens = step_tokens or (budget if device.type == "cuda" else 256)
     timed, peak = _timed_steps(task, cfg, steps, tokens)
     result = DryRun(str(path), parts, params, str(device), tokens, timed, 0.0, peak, notes=notes, cfg=cfg)
-    _plan(result, task, cfg, budget or tokens)
+    _plan(result, task, cfg, budget)
     return result
 
 
-def _build(recipe: dict[str, Any], cfg: TrainConfig) -> Any:
-    """The recipe's task as ``aiayn train`` builds it, a translation model at the recipe's vocabulary size."""
-    if recipe["task"] != "translation":
-        return build_task(recipe, cfg, resume=False)
+def _build(recipe: dict[str, Any], cfg: TrainConfig) -> TranslationTask:
+    """The recipe's task as ``aiayn train`` builds it, its model at the recipe's vocabulary size."""
     vocab = int(recipe["tokenizer"].get("vocab_size", 0) or 0)
-    task = TranslationTask(recipe, device=pick_device(cfg.device), seed=cfg.seed, model_vocab_size=vocab)
-    return task
+    return TranslationTask(recipe, device=pick_device(cfg.device), seed=cfg.seed, model_vocab_size=vocab)
 
 
 def parameter_parts(model: nn.Module) -> tuple[dict[str, int], int]:
@@ -131,15 +131,15 @@ def parameter_parts(model: nn.Module) -> tuple[dict[str, int], int]:
     return parts, sum(parts.values())
 
 
-def _timed_steps(task: Any, cfg: TrainConfig, steps: int, tokens: int) -> tuple[list[tuple[float, float, int]], float]:
+def _timed_steps(task: TranslationTask, cfg: TrainConfig, steps: int,
+                 tokens: int) -> tuple[list[tuple[float, float, int]], float]:
     """One warm-up step, then ``steps`` timed optimizer steps of ``cfg.accum`` micro-batches of ``tokens`` padded
     tokens a side; returns (forward + backward seconds, update seconds, target tokens) per step and the peak
     memory (CUDA: allocated bytes; CPU: this process's peak RSS)."""
     if steps < 1:
         return [], 0.0
     on_cpu = next(task.model.parameters()).device.type == "cpu"
-    if hasattr(task, "data") and "batch_tokens" in task.data:
-        task.data = {**task.data, "batch_tokens": tokens}  # the task's in-memory copy; the recipe is unchanged
+    task.data = {**task.data, "batch_tokens": tokens}  # the task's in-memory copy; the recipe is unchanged
     par = parallelize(task, "single", Ranks(), cfg, on_cpu=on_cpu)
     step = TrainStep.build(task, par, Precision(cfg.dtype, "cpu" if on_cpu else "cuda"), cfg)
     if not on_cpu:
@@ -169,14 +169,13 @@ def _sync(on_cpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _plan(result: DryRun, task: Any, cfg: TrainConfig, budget: int) -> None:
+def _plan(result: DryRun, task: TranslationTask, cfg: TrainConfig, budget: int) -> None:
     """Fill ``result.step_seconds`` and ``result.plan``: per planned rank count, tokens per step, memory per rank
     and times, for the recipe's micro-batches of ``budget`` padded tokens a side."""
     config = task.model.config
     sentences = budget / SENTENCE_TOKENS
     bf16 = cfg.dtype == "bfloat16"
-    acts = (activation_bytes(config, sentences, SENTENCE_TOKENS, SENTENCE_TOKENS, bf16)
-            if config.arch == "encoder-decoder" else 0.0)
+    acts = activation_bytes(config, sentences, SENTENCE_TOKENS, SENTENCE_TOKENS, bf16)
     planned_ranks = max(PLANNED_RANKS)
     step_tokens = budget * cfg.accum * planned_ranks  # the recipe's step, as set for the planned ranks
     micro, update = 0.0, 0.0  # seconds of one micro-batch of `budget` tokens, and of one update, on this device
