@@ -277,3 +277,14 @@ def test_a_stop_signal_saves_one_step_of_every_rank_and_resuming_equals_no_stop(
     assert _train(tmp_path, corpus_dir, *QUIET, *end, "--nproc", "2") == 0  # never stopped
     a, b = _weights(tmp_path / "run" / "last"), _weights(last)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_timed_checkpoints_are_taken_by_every_rank_together(tmp_path: Path, corpus_dir: Path) -> None:
+    """``train.save_every_minutes``: the ranks' clocks are combined (one all-reduce), so every rank takes part in the
+    same saves; here every step is due."""
+    args = ["train.eval_every=100", "train.save_every=none", "train.save_every_minutes=1e-9", "train.device=cpu",
+            "train.keep_checkpoints=3", "train.average_last=0", "train.max_steps=5"]
+    assert _train(tmp_path / "timed", corpus_dir, *args, "--nproc", "2") == 0
+    run = tmp_path / "timed" / "run"
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-3", "step-4", "step-5"]
+    assert load_training_state(run / "last")["step"] == 5

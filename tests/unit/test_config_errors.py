@@ -105,8 +105,10 @@ def test_bad_train_value_is_one_error_before_any_work(tmp_path: Path, no_work: N
     ({"eval_every": 0}, "eval_every=0: must be >= 1"),
     ({"log_every": 0}, "log_every=0: must be >= 1"),
     ({"save_every": 0}, "save_every=0: must be >= 1, or none"),
+    ({"save_every_minutes": 0}, "save_every_minutes=0: must be a finite number > 0, or none"),
     ({"average_last": -1}, "average_last=-1: must be >= 0"),
-    ({"average_last": 3}, "average_last=3: averages the periodic checkpoints, but save_every is not set"),
+    ({"average_last": 3}, "average_last=3: averages the periodic checkpoints, but neither save_every nor "
+                          "save_every_minutes is set"),
     ({"max_minutes": 0}, "max_minutes=0: must be a finite number > 0, or none"),
     ({"clip_norm": -1.0}, "clip_norm=-1.0: must be a finite number > 0, or none"),
     ({"threads": 0}, "threads=0: must be >= 1, or none"),

@@ -292,6 +292,22 @@ def test_validation_best_periodic_and_last_follow_their_cadences(tmp_path: Path)
     assert state["train_config"]["eval_every"] == 2 and policy.saved_step == 6
 
 
+def test_timed_checkpoints_follow_the_clock_since_the_last_one(tmp_path: Path) -> None:
+    """``save_every_minutes``: a step-N/ after the first step that ends that long after the last one (the paper's
+    checkpoints every 10 minutes); the clock restarts at each."""
+    task, run = _Task(), RunState()
+    cfg = _cfg(tmp_path, max_steps=100, eval_every=100, save_every_minutes=10.0, keep_checkpoints=5)
+    policy, out = _policy(task, cfg, run)
+    bar = TrainingProgress(cfg.max_steps, None, 0, 0.0, False)
+    for step in range(1, 6):
+        if step in (2, 4):
+            policy.periodic_at -= 601  # ten minutes and a second have passed
+        run.step, run.position = step, {"i": step}
+        policy.after_step(bar)
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-2", "step-4"]
+    assert load_training_state(out / "last")["step"] == 4
+
+
 def test_an_interrupt_saves_the_last_whole_step_with_its_position_and_rng(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:
     task, run = _Task(), RunState(step=3, position={"i": 3})

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,27 @@ def _train(p: argparse.ArgumentParser) -> None:
                         "fsdp); each optimizer step then takes N x train.accum batches, as one process with "
                         "train.accum multiplied by N would (default 1). Several machines: torchrun -m aiayn train "
                         "(docs/distributed.md)")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="read every [data] file from DIR by its file name (data kept elsewhere, or a stand-in of the "
+                        "same layout: aiayn data standin wmt14)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check a translation recipe end to end and plan its run, writing nothing: validate, read the "
+                        "data, train the tokenizer in memory, build the model, print its parameters by part, tokens "
+                        "per step and memory per rank, time a few steps on this device and estimate the time of "
+                        "train.max_steps and the GPU-hours on named GPUs")
+    p.add_argument("--dry-run-steps", type=whole(0), default=3, metavar="N",
+                   help="with --dry-run: optimizer steps timed after one warm-up step (default 3; 0: none)")
+    p.add_argument("--dry-run-tokens", type=whole(1), default=None, metavar="T",
+                   help="with --dry-run: padded tokens a side per micro-batch of the timed steps (default: the "
+                        "recipe's on CUDA, 256 on the CPU)")
 
     def run(args: argparse.Namespace) -> int:
         from aiayn.tasks.registry import run_recipe  # lazy: loaded when the command runs
 
+        if args.dry_run:
+            return _dry_run(args)
         if args.nproc == 1:
-            run_recipe(args.recipe, args.overrides, resume=args.resume)
+            run_recipe(args.recipe, args.overrides, resume=args.resume, data_dir=args.data_dir)
             return 0
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise AiaynError("--nproc cannot be used inside a torchrun launch; give torchrun --nproc-per-node")
@@ -175,11 +191,25 @@ def _train(p: argparse.ArgumentParser) -> None:
         # the ranks get --accel and --threads through the environment (AIAYN_ACCEL, OMP_NUM_THREADS), and the
         # command that resumes the run as the user would type it
         again = command("train", args.recipe, *args.overrides, "--nproc", str(args.nproc), "--resume")
-        launch(args.nproc, ["train", args.recipe, *args.overrides, *(["--resume"] if args.resume else [])],
+        data = ["--data-dir", args.data_dir] if args.data_dir else []
+        launch(args.nproc, ["train", args.recipe, *args.overrides, *data, *(["--resume"] if args.resume else [])],
                env={RESUME_COMMAND_VAR: again})
         return 0
 
     p.set_defaults(run=run)
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """``aiayn train RECIPE --dry-run``: the recipe checked and its run planned (aiayn.tasks.dry_run)."""
+    from aiayn.tasks.dry_run import dry_run, format_report  # lazy: loaded when the command runs
+
+    if args.resume or args.nproc != 1:
+        raise AiaynError("--dry-run plans a new run in this process; leave out --resume and --nproc")
+    started = time.time()
+    result = dry_run(args.recipe, args.overrides, data_dir=args.data_dir, steps=args.dry_run_steps,
+                     step_tokens=args.dry_run_tokens)
+    print(format_report(result, time.time() - started), flush=True)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- translate
@@ -329,6 +359,9 @@ def _evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=whole(1), default=None,
                    help="lm: window step, below the context (default: context // 2)")
     p.add_argument("--hyp-out", help="also write the translations here")
+    p.add_argument("--paper-bleu", metavar="LANG", default=None,
+                   help="translation: also report BLEU as the paper reports WMT 2014 (tokenized, cased; with "
+                        "tensor2tensor's compound splitting when LANG, the target language, is de)")
     _add_decode_args(p, batch_help="sentences decoded together (translation), texts or images (classification) or "
                                    "context windows (lm) per forward pass (default 64)")
     _add_load_args(p)
@@ -385,6 +418,10 @@ def _evaluate_translation(loaded: list, args: argparse.Namespace) -> int:
               "tokenized_lowercase_bleu": round(tok_bleu.score, 2), "tokenized_signature": tok_bleu.signature,
               "chrf": round(chrf.score, 2), "chrf_signature": chrf.signature, "sentences": len(src),
               "checkpoints": [str(c) for c in args.checkpoint]}
+    if args.paper_bleu:
+        from aiayn.evaluate.paper_bleu import paper_and_sacrebleu  # lazy: loaded when the command runs
+
+        result.update(paper_and_sacrebleu(hyps, ref, args.paper_bleu))
     print(json.dumps(result, indent=2))
     return 0
 
@@ -463,17 +500,41 @@ def _average(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data
-@command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k (sha256-checked).")
+@command("data", "Datasets: 'aiayn data download multi30k --dest DIR' fetches Multi30k, 'aiayn data download wmt14 "
+                 "--pair en-de --dest DIR' the WMT 2014 training corpora (sha256-checked) and newstest2013/2014 "
+                 "(through sacrebleu); 'aiayn data standin wmt14 --pair en-de --dest DIR' writes a small offline "
+                 "stand-in of the WMT folder's layout.")
 def _data(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["download"])
-    p.add_argument("dataset", choices=["multi30k"])
-    p.add_argument("--dest", default="data/multi30k", help="destination folder")
+    p.add_argument("action", choices=["download", "standin"])
+    p.add_argument("dataset", choices=["multi30k", "wmt14"])
+    p.add_argument("--dest", default=None,
+                   help="destination folder (default data/multi30k, data/wmt14-PAIR, or for standin "
+                        "data/wmt14-PAIR-standin)")
+    p.add_argument("--pair", choices=["en-de", "en-fr"], default="en-de", help="wmt14: the language pair")
     p.add_argument("--base-url", default=None, help="mirror URL (http(s):// or file://) holding the same files")
+    p.add_argument("--checksums", metavar="FILE", default=None,
+                   help="wmt14 with --base-url: a sha256sum listing of the mirror's archives, when it holds other "
+                        "files than statmt.org's")
+    p.add_argument("--pairs", type=whole(10), default=2000, help="standin: training sentence pairs (default 2000)")
 
     def run(args: argparse.Namespace) -> int:
-        from aiayn.data.download import download_multi30k  # lazy: loaded when the command runs
+        if args.action == "standin":
+            if args.dataset != "wmt14":
+                raise AiaynError("aiayn data standin writes a stand-in of wmt14 only; for multi30k use the real data")
+            from aiayn.data.wmt14_standin import write_standin  # lazy: loaded when the command runs
 
-        for path in download_multi30k(Path(args.dest), base_url=args.base_url):
+            paths = write_standin(args.pair, Path(args.dest or f"data/wmt14-{args.pair}-standin"), n_train=args.pairs)
+        elif args.dataset == "wmt14":
+            from aiayn.data.wmt14 import download_wmt14, read_checksums  # lazy: loaded when the command runs
+
+            sums = read_checksums(Path(args.checksums)) if args.checksums else None
+            paths = download_wmt14(args.pair, Path(args.dest or f"data/wmt14-{args.pair}"), base_url=args.base_url,
+                                   checksums=sums)
+        else:
+            from aiayn.data.download import download_multi30k  # lazy: loaded when the command runs
+
+            paths = download_multi30k(Path(args.dest or "data/multi30k"), base_url=args.base_url)
+        for path in paths:
             print(path)
         return 0
 

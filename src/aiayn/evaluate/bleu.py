@@ -61,7 +61,13 @@ def _check(hyps: Sequence[str], refs: Sequence[str], metric: str) -> None:
         raise AiaynError(f"{metric}: got no sentences to score; check that the test set is not empty")
 
 
-def _bleu(hyps: Sequence[str], refs: Sequence[str], metric: BLEU, name: str) -> Score:
+def bleu_score(hyps: Sequence[str], refs: Sequence[str], metric: BLEU, name: str) -> Score:
+    """Corpus BLEU of ``hyps`` against ``refs`` (one reference each) as sacrebleu's ``metric`` counts it, with its
+    signature; ``name`` names the caller in errors.
+
+    Raises:
+        AiaynError: if the counts differ or there is nothing to score.
+    """
     _check(hyps, refs, name)
     s = metric.corpus_score(list(hyps), [list(refs)])
     details: dict[str, object] = {
@@ -86,7 +92,7 @@ def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> Score:
     Raises:
         AiaynError: if the counts differ or there is nothing to score.
     """
-    return _bleu(hyps, refs, BLEU(), "corpus_bleu")
+    return bleu_score(hyps, refs, BLEU(), "corpus_bleu")
 
 
 def tokenized_lowercase_bleu(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> Score:
@@ -106,7 +112,7 @@ def tokenized_lowercase_bleu(hyps: Sequence[str], refs: Sequence[str], tokenize:
         raise AiaynError(
             f"tokenized_lowercase_bleu: unknown tokenizer {tokenize!r}; use one of {', '.join(_TOKENIZERS)}"
         )
-    return _bleu(hyps, refs, BLEU(lowercase=True, tokenize=tokenize), "tokenized_lowercase_bleu")
+    return bleu_score(hyps, refs, BLEU(lowercase=True, tokenize=tokenize), "tokenized_lowercase_bleu")
 
 
 def corpus_chrf(hyps: Sequence[str], refs: Sequence[str]) -> Score:

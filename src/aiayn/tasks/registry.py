@@ -21,7 +21,7 @@ from aiayn.tasks.lm import LMTask
 from aiayn.tasks.mlm import MLMTask
 from aiayn.tasks.translation import TranslationTask
 from aiayn.train.distributed import finish, init_from_env
-from aiayn.train.recipe import load_recipe, take, validate_recipe
+from aiayn.train.recipe import load_recipe, take, validate_recipe, with_data_dir
 from aiayn.train.stop_signals import Stopped, stop_signals
 from aiayn.train.trainer import TrainConfig, TrainResult, train
 
@@ -54,14 +54,18 @@ def build_task(recipe: dict[str, Any], cfg: TrainConfig, resume: bool, local_ran
     raise AiaynError(f"{recipe.get('_path')}: task {recipe['task']!r} is not available in this version")
 
 
-def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: bool = False) -> TrainResult:
-    """Load a recipe, build its task and train it; prints where the checkpoints went.
+def run_recipe(path: str | Path, overrides: list[str] | None = None, *, resume: bool = False,
+               data_dir: str | None = None) -> TrainResult:
+    """Load a recipe, build its task and train it; prints where the checkpoints went. ``data_dir``: read every
+    ``[data]`` file from that folder by its name (:func:`~aiayn.train.recipe.with_data_dir`).
 
     Under torchrun (or ``aiayn train --nproc N``, :func:`aiayn.train.distributed.launch`) each rank runs this and
     leaves the process group at the end; rank 0 prints.
     """
     started = time.time()
     recipe = load_recipe(path, overrides)
+    if data_dir is not None:
+        with_data_dir(recipe, data_dir)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     validate_recipe(recipe, resume=resume, processes=local_world)  # every section's problems at once, first
     cfg = train_config(recipe)

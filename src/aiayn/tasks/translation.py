@@ -86,6 +86,8 @@ class TranslationTask:
         resume_dir: a checkpoint directory whose tokenizers to reuse (when resuming).
         device: where the model lives.
         pairs: in-memory data instead of files: {"train": [(src, tgt), ...], "valid": [...]} (the demo).
+        model_vocab_size: the model's vocabulary when larger than the tokenizer's (a dry run on a small stand-in
+            corpus builds the model of the full vocabulary).
     """
 
     select_metric = "loss"
@@ -93,7 +95,7 @@ class TranslationTask:
 
     def __init__(self, recipe: dict[str, Any], *, resume_dir: Path | None = None,
                  device: torch.device | str = "cpu", pairs: dict[str, list[tuple[str, str]]] | None = None,
-                 seed: int = 1) -> None:
+                 seed: int = 1, model_vocab_size: int = 0) -> None:
         self.data = take(recipe["data"], DATA_DEFAULTS, "data")
         self.tok_cfg = take(recipe["tokenizer"], TOKENIZER_DEFAULTS, "tokenizer")
         self.decode_cfg = take(recipe["decode"], DECODE_DEFAULTS, "decode")
@@ -137,9 +139,11 @@ class TranslationTask:
             raise AiaynError(f"the source and target tokenizers pad with different ids ({self.src_tok.pad_id} and "
                              f"{self.tgt_tok.pad_id}); the model has one pad id: use one joint tokenizer, or two "
                              "with the same pad id")
-        forced: dict[str, Any] = {"vocab_size": self.src_tok.vocab_size, "pad_id": self.src_tok.pad_id}
+        forced: dict[str, Any] = {"vocab_size": max(self.src_tok.vocab_size, model_vocab_size),
+                                  "pad_id": self.src_tok.pad_id}
         if not joint:
-            forced.update(tgt_vocab_size=self.tgt_tok.vocab_size, share_src_tgt_embeddings=False)
+            forced.update(tgt_vocab_size=max(self.tgt_tok.vocab_size, model_vocab_size),
+                          share_src_tgt_embeddings=False)
         if source is not None or (resume_dir is not None and recipe["model"].get("init_from")):
             directory = resume_dir if source is None else source[0]
             self.model_config = finetune_config(load_config(directory), recipe, str(directory))

@@ -9,7 +9,9 @@ In ``train.out_dir``:
   ``model`` / ``tokenizer`` / ``data`` sections), written after every validation (``train.eval_every``, and the last
   step) and every periodic checkpoint, and at the end. A sharded (FSDP) run's ``last/`` holds its model and
   optimizer shards in ``dcp/`` (:mod:`aiayn.train.dcp_checkpoint`).
-- ``step-N/``: the weights every ``train.save_every`` steps, the last ``max(keep_checkpoints, average_last)`` kept.
+- ``step-N/``: the weights every ``train.save_every`` steps and, with ``train.save_every_minutes``, after the first
+  step that ends that many minutes after the last ``step-N/`` (the paper's checkpoints every 10 minutes); the last
+  ``max(keep_checkpoints, average_last)`` kept.
 - ``averaged/``: at the end, the mean of the last ``train.average_last`` periodic checkpoints, evaluated and
   logged (``avg_*``), with a note where it is worse than ``best/``.
 
@@ -46,6 +48,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.nn.lora import trainable_state
 from aiayn.train.dcp_checkpoint import save_sharded
+from aiayn.train.distributed import all_sum
 from aiayn.train.metrics_log import MetricsLogger
 from aiayn.train.parallel import Parallel
 from aiayn.train.precision import Precision
@@ -117,13 +120,14 @@ class CheckpointPolicy:
         self.rng_by_rank: list | None = None  # every rank's RNG state, gathered just before rank 0 writes last/
         # an adapter run on a base checkpoint saves what trains alone (aiayn.checkpoint.adapter)
         self.saved_names = (set(trainable_state(task.model)) if "base" in config_json.get("adapter", {}) else None)
+        self.periodic_at = time.time()  # when the last step-N/ was written (or this process started)
 
     def after_step(self, bar: TrainingProgress) -> None:
         """After step ``run.step`` (every rank): validate every ``eval_every`` steps and at ``max_steps`` (keeping
         ``best/``), write ``step-N/`` every ``save_every`` steps, and after either, ``last/``."""
         step, cfg, par = self.run.step, self.cfg, self.parallel
         evaluate = step % cfg.eval_every == 0 or step == cfg.max_steps
-        periodic = bool(cfg.save_every) and step % cfg.save_every == 0
+        periodic = (bool(cfg.save_every) and step % cfg.save_every == 0) or self._minutes_due()
         if not (evaluate or periodic):
             return
         self.rng_by_rank = par.gather_rng()
@@ -137,9 +141,20 @@ class CheckpointPolicy:
                 if periodic:
                     self.save(self.out / f"step-{step}", with_state=False)
                     keep_last(self.out, "step-*", max(cfg.keep_checkpoints, cfg.average_last))
+        if periodic:
+            self.periodic_at = time.time()
         with par.alone():
             self.save(self.last, with_state=True)
         par.ranks.barrier()
+
+    def _minutes_due(self) -> bool:
+        """Whether ``train.save_every_minutes`` have passed since the last ``step-N/`` on some rank (one all-reduce
+        in a data-parallel run, so that every rank takes part in the same saves)."""
+        minutes = self.cfg.save_every_minutes
+        if minutes is None:
+            return False
+        due = float(time.time() - self.periodic_at >= 60 * minutes)
+        return all_sum([due], self.parallel.ranks)[0] > 0
 
     def finish(self) -> str | None:
         """The end of the run (every rank): validate a run that ``train.max_minutes`` stopped between validations,
@@ -254,10 +269,12 @@ class CheckpointPolicy:
         cfg = self.cfg
         if not cfg.average_last:
             return None
-        dirs = periodic_checkpoints(self.out)[-cfg.average_last:] if cfg.save_every else []
+        timed = cfg.save_every or cfg.save_every_minutes
+        dirs = periodic_checkpoints(self.out)[-cfg.average_last:] if timed else []
         if len(dirs) < 2:
             tqdm.write(f"note: no averaged/: train.average_last={cfg.average_last} needs at least 2 periodic "
-                       f"checkpoints, this run has {len(dirs)}" + ("" if cfg.save_every else " (set train.save_every)"))
+                       f"checkpoints, this run has {len(dirs)}"
+                       + ("" if timed else " (set train.save_every or train.save_every_minutes)"))
             return None
         self.parallel.weights.load_state_dict(read_state_dict(write_average(dirs, self.out / "averaged")))
         metrics = self.task.evaluate()

@@ -119,6 +119,20 @@ def _parse_toml(p: Path) -> dict[str, Any]:
         raise AiaynError(f"{p}: invalid TOML: {e}; fix the file") from None
 
 
+DATA_FILE_KEYS = ("train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv", "test_src", "test_tgt",
+                  "path", "valid_path", "train", "valid")
+
+
+def with_data_dir(recipe: dict[str, Any], data_dir: str | Path) -> dict[str, Any]:
+    """Point every ``[data]`` file of ``recipe`` at the file of the same name in ``data_dir`` (in place; returns the
+    recipe): the same recipe on data kept elsewhere, or on a small stand-in of the same layout."""
+    data = recipe.setdefault("data", {})
+    for key in DATA_FILE_KEYS:
+        if isinstance(data.get(key), str):
+            data[key] = str(Path(data_dir) / Path(data[key]).name)
+    return recipe
+
+
 def resolve_path(recipe: dict[str, Any], value: str | None) -> Path | None:
     """Resolve a path from a recipe: as given if it exists from the current directory, else next to the recipe."""
     if value is None:
@@ -211,8 +225,7 @@ _COLUMN = rule(lambda v: v is None or isinstance(v, str) or (isinstance(v, int) 
 def _rules() -> dict[str, dict[str, Rule]]:
     """The rules of the keys of the task sections, by section and key (a key the tasks share means the
     same everywhere). A key without a rule must have its default's type."""
-    paths = dict.fromkeys(("train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv", "test_src",
-                           "test_tgt", "path", "valid_path", "train", "valid"), _PATH)
+    paths = dict.fromkeys(DATA_FILE_KEYS, _PATH)
     return {
         "data": {**paths, "max_tokens_per_side": _whole(2), "policy": choice(POLICIES),
                  "batch_tokens": _whole(1, "batches of batch_size examples"), "lowercase": _FLAG,

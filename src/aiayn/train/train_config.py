@@ -42,6 +42,7 @@ class TrainConfig:
     eval_every: int = 500
     log_every: int = 50
     save_every: int | None = None
+    save_every_minutes: float | None = None  # also write step-N/ once this many minutes passed since the last one
     keep_checkpoints: int = 5
     average_last: int = 0
     device: str = "auto"
@@ -91,9 +92,10 @@ class TrainConfig:
             if self.schedule == "warmup_cosine" and 0 <= self.warmup and self.warmup >= self.max_steps:
                 p.add("warmup", f"schedule 'warmup_cosine' needs warmup below max_steps={self.max_steps} (the cosine "
                                 "ends at max_steps); lower warmup or raise max_steps")
-        if p.ok("average_last", "save_every") and self.average_last > 0 and self.save_every is None:
-            p.add("average_last", "averages the periodic checkpoints, but save_every is not set; set save_every, "
-                                  "or average_last = 0")
+        if (p.ok("average_last", "save_every", "save_every_minutes") and self.average_last > 0
+                and self.save_every is None and self.save_every_minutes is None):
+            p.add("average_last", "averages the periodic checkpoints, but neither save_every nor save_every_minutes "
+                                  "is set; set one of them, or average_last = 0")
         if p.ok("average_last", "adapter") and self.average_last > 0 and self.adapter is not None:
             p.add("average_last", "averaging LoRA factors is not averaging the updates they make (B A); set "
                                   "average_last = 0, and average merged checkpoints (aiayn merge-adapter, then "
@@ -152,6 +154,7 @@ _RULES: dict[str, Rule] = {
     "eval_every": at_least(1),
     "log_every": at_least(1),
     "save_every": at_least(1, unset="none (no periodic checkpoints)"),
+    "save_every_minutes": above(0, finite=True, unset="none (no timed checkpoints)"),
     "keep_checkpoints": at_least(0),
     "average_last": at_least(0),
     "device": rule(lambda v: device_problem(v) is None, "not a device; use auto, cpu, cuda, cuda:N or mps"),
