@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from aiayn.errors import AiaynError
 from aiayn.hf import sentence
 from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported_model_types
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
+from aiayn.hf.marian_eps import eps_rescaled
+from aiayn.hf.marian_vocab import needs_pad_last, pad_last_config, pad_last_state, pad_last_tokenizer
 from aiayn.hf.vocab import read_tokenizer
 from aiayn.models.build import build_model
 from aiayn.nn.lora import merged_state
@@ -269,7 +272,13 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
     if meta.get("adapter"):  # LoRA adapters: the base with each folded in (PEFT's own files: aiayn.hf.peft)
         state = merged_state(state, meta["adapter"])
     state = family.state_to_hf(state, config)
-    folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model))
+    form = None
+    if family.name == "marian" and tok is not None and needs_pad_last(tok, config.vocab_size):
+        state = eps_rescaled(pad_last_state(state, config, tok.decoder_start_id), config.norm_eps)
+        hf = pad_last_config(hf, config.vocab_size)
+        form = partial(pad_last_tokenizer, tok=tok)
+    folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model),
+                                 tokenizer_form=form)
     if tok is not None and not wrote and say:
         say(f"{d}: a {tok.kind!r} tokenizer has no transformers form; the folder holds the model only")
     if tok is None and say:
