@@ -210,3 +210,55 @@ def test_ctranslate2_generates_as_aiayn_generate(kind: str, tmp_path: Path) -> N
     theirs = [hf_tok.convert_tokens_to_ids(r.sequences[0]) for r in results]
     assert theirs == ours
     assert len({tuple(o) for o in ours}) > 2  # continuations that differ
+
+
+def test_a_bpe_vocabulary_goes_to_marian_layout_with_its_ids_and_text(tmp_path: Path) -> None:
+    """The tiny Multi30k recipes' tokenizer (joint BPE, punctuation split) in Marian's layout: AutoTokenizer gives
+    aiayn's ids and detokenized text, pad last."""
+    from aiayn.hf.folder import write_tokenizer
+    from aiayn.hf.marian_vocab import pad_last_tokenizer
+
+    tok = BPETokenizer.train(TEXT, vocab_size=300, split_punctuation=True)
+    assert write_tokenizer(tmp_path, tok, 64, lambda form: pad_last_tokenizer(form, tok))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert (len(hf_tok), hf_tok.pad_token_id, hf_tok.convert_ids_to_tokens(tok.pad_id)) == (
+        tok.vocab_size + 1, tok.vocab_size, RENAMED_PAD)
+    for text in [*SOURCES[:8], "the zebra, and the dogs."]:
+        ids = tok.encode(text)
+        assert hf_tok.encode(text, add_special_tokens=False) == ids, text
+        assert hf_tok.decode([tok.bos_id, *ids, tok.eos_id], skip_special_tokens=True) == tok.decode(ids), text
+
+
+def _classifier(tmp_path: Path, **fields: Any) -> tuple[Path, torch.nn.Module, Any]:
+    tok = WordTokenizer.train(TEXT[:40], min_frequency=1)
+    preset = fields.pop("preset", None)
+    base = dict(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=64, dropout=0.0,
+                n_classes=2)
+    config = ModelConfig.preset(preset, **base, **fields) if preset else ModelConfig(**base, **fields)
+    model = _perturbed(config)
+    meta = {"task": "classification", "model": config.to_dict(), "tokenizers": {"text": "tokenizer.json"},
+            "labels": ["0", "1"], "label_names": ["negative", "positive"], "max_len": 64}
+    ckpt = save_checkpoint(tmp_path / "aiayn", model, meta, tokenizer_writer=lambda d: tok.save(d / "tokenizer.json"))
+    return ckpt, model, tok
+
+
+def test_a_bert_shaped_classifier_exports_with_its_logits_and_the_recipe_shape_is_refused(tmp_path: Path) -> None:
+    """A classifier of BERT's shape (post-LN, embedding norm, CLS pooling) is a BertForSequenceClassification with
+    aiayn's class logits (CTranslate2 has no classifier); the sst2-scratch recipe's (pre-LN, mean pooling) is
+    refused naming each setting and the value that would export."""
+    ckpt, model, tok = _classifier(tmp_path, preset="bert-base")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(to_hf(ckpt, tmp_path / "hf"))).eval()
+    assert type(hf).__name__ == "BertForSequenceClassification"
+    assert hf.config.id2label == {0: "negative", 1: "positive"}
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    rows = [[tok.bos_id, *tok.encode(s)] for s in SOURCES[:5]]
+    assert [[tok.bos_id, *hf_tok.encode(s, add_special_tokens=False)] for s in SOURCES[:5]] == rows
+    ids, mask = _padded(rows, tok.pad_id)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids, attention_mask=mask).logits, model(ids, task="classify").logits,
+                                   atol=ATOL, rtol=0)
+    scratch, _, _ = _classifier(tmp_path / "scratch", arch="encoder", activation="gelu", norm_position="pre",
+                                position="learned", scale_embeddings=False, init="gpt2", pooling="mean")
+    with pytest.raises(AiaynError, match=r"(?s)norm_position='pre': BERT's classifier has 'post'.*"
+                                         r"pooling='mean': BERT's classifier has 'cls'"):
+        to_hf(scratch, tmp_path / "refused")
