@@ -262,3 +262,27 @@ def test_a_bert_shaped_classifier_exports_with_its_logits_and_the_recipe_shape_i
     with pytest.raises(AiaynError, match=r"(?s)norm_position='pre': BERT's classifier has 'post'.*"
                                          r"pooling='mean': BERT's classifier has 'cls'"):
         to_hf(scratch, tmp_path / "refused")
+
+
+@pytest.mark.parametrize(("setting", "line"), [
+    (dict(norm_position="pre"), "norm_position='pre': Marian has 'post'"),
+    (dict(position="alibi"), "position='alibi': Marian has 'sinusoidal'"),
+    (dict(position="t5"), "position='t5': Marian has 'sinusoidal'"),
+    (dict(position="rope"), "position='rope': Marian has 'sinusoidal'"),
+    (dict(deepnorm=True), "deepnorm=True: Marian has False"),
+])
+def test_translation_models_without_a_transformers_class_are_refused_by_setting(setting: dict[str, Any], line: str,
+                                                                                tmp_path: Path) -> None:
+    """The tiny Multi30k recipes' pre-LN models, ALiBi, T5 biases, RoPE and DeepNorm: one error naming each family,
+    the setting and the value that family has (the value a recipe sets to export)."""
+    tok = WordTokenizer.train(TEXT[:20], min_frequency=1)
+    config = ModelConfig.preset("paper-base", vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=1,
+                                n_encoder_layers=1, dropout=0.0, max_len=32, **setting)
+    meta = {"task": "translation", "model": config.to_dict(), "tokenizers": {"src": "tokenizer.json",
+                                                                             "tgt": "tokenizer.json"}}
+    ckpt = save_checkpoint(tmp_path / "aiayn", build_model(config), meta,
+                           tokenizer_writer=lambda d: tok.save(d / "tokenizer.json"))
+    with pytest.raises(AiaynError, match=r"(?s)no transformers model type has this model's shape.*marian: cannot "
+                                         r"convert:\n  - " + line.replace("(", r"\(")):
+        to_hf(ckpt, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
