@@ -328,3 +328,43 @@ def test_translation_models_without_a_transformers_class_are_refused_by_setting(
                                          r"convert:\n  - " + line.replace("(", r"\(")):
         to_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_pegasus_folders_convert_to_aiayn(tmp_path: Path) -> None:
+    """A PegasusForConditionalGeneration that transformers made (pad 0, EOS 1, decoding from pad) converts with its
+    logits; an export of a pre-LN model with epsilon 1e-5 reads back as the same model; one with the paper's 1e-6
+    (its stored tables scaled) is refused."""
+    from tokenizers import Tokenizer, models
+
+    words = ["<pad>", "</s>", "<unk>", *sorted({w for line in TEXT[:30] for w in line.split()})]
+    config = transformers.PegasusConfig(vocab_size=len(words), d_model=32, encoder_layers=2, decoder_layers=2,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0,
+                                        eos_token_id=1, decoder_start_token_id=0, scale_embedding=True)
+    torch.manual_seed(0)
+    ref = transformers.PegasusForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if p.dim() == 1:
+                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+    ref.save_pretrained(str(tmp_path / "pegasus"))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")),
+        pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(str(tmp_path / "pegasus"))
+    pre = load_pretrained(from_hf(tmp_path / "pegasus", tmp_path / "aiayn"), accel="none")
+    src = torch.randint(3, len(words), (3, 7), generator=torch.Generator().manual_seed(1))
+    tgt = torch.cat([torch.zeros(3, 1, dtype=torch.long), src[:, :4]], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(pre.model(src, tgt).logits,
+                                   ref(input_ids=src, decoder_input_ids=tgt).logits, atol=ATOL, rtol=0)
+    tok = BPETokenizer.train(TEXT, vocab_size=300, split_punctuation=True)
+    plain = _translator(tmp_path / "plain", tok, norm_position="pre", norm_eps=1e-5)
+    back = load_pretrained(from_hf(plain["hf"], tmp_path / "back"), accel="none")
+    ids = torch.tensor([tok.encode(SOURCES[0])])
+    dec = torch.tensor([[tok.bos_id, *tok.encode(SOURCES[1])[:5]]])
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(ids, dec).logits, plain["model"](ids, dec).logits, atol=ATOL, rtol=0)
+    scaled = _translator(tmp_path / "scaled", tok, norm_position="pre")
+    with pytest.raises(AiaynError, match="embed_positions.weight: not the sinusoidal table"):
+        from_hf(scaled["hf"], tmp_path / "refused")
