@@ -27,6 +27,7 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 tests n
 
 from aiayn import ModelConfig, build_model  # noqa: E402
 from aiayn.checkpoint import save_checkpoint  # noqa: E402
+from aiayn.cli.main import main  # noqa: E402
 from aiayn.data.synthetic import generate_corpus  # noqa: E402
 from aiayn.errors import AiaynError  # noqa: E402
 from aiayn.generate.lm import generate  # noqa: E402
@@ -168,7 +169,8 @@ def _ct2_translate(translator: dict[str, Any], beam: int, n_best: int) -> list[l
 
 @pytest.mark.parametrize("layout", ["translator", "pre_ln_translator"])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_ctranslate2_translates_as_aiayn_translate(layout: str, beam: int, request: pytest.FixtureRequest) -> None:
+def test_ctranslate2_translates_as_aiayn_translate(layout: str, beam: int, request: pytest.FixtureRequest,
+                                                   tmp_path: Path) -> None:
     """CTranslate2's Translator on the converted folder (Marian for the demo's post-LN model, Pegasus for the
     Multi30k recipes' pre-LN one) gives ``aiayn translate``'s n-best lists: the same beam size, length penalty 0 on
     both sides (CTranslate2's ``length_penalty`` divides by length ** penalty, aiayn's alpha by GNMT's
@@ -181,6 +183,11 @@ def test_ctranslate2_translates_as_aiayn_translate(layout: str, beam: int, reque
     assert [o if beam > 1 else [o] for o in ours] == theirs
     lengths = {len(tok.encode(hyp)) for hyps in theirs for hyp in hyps}
     assert len(lengths) > 3  # hypotheses of many lengths, none at the limit
+    if beam == 4:  # the command itself, as a user runs it
+        (tmp_path / "src.txt").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+        assert main(["translate", "--checkpoint", str(translator["ckpt"]), "-i", str(tmp_path / "src.txt"),
+                     "-o", str(tmp_path / "out.txt"), "--beam", "4", "--alpha", "0"]) == 0
+        assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == [h[0] for h in theirs]
 
 
 def test_the_pre_ln_translator_exports_to_pegasus_with_its_logits_and_tokenizer(
@@ -214,12 +221,18 @@ LM = dict(arch="decoder", d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64
           init="gpt2")  # the shakespeare recipes' shape
 
 
-def _lm(tmp_path: Path, tok: Any) -> tuple[Path, Path]:
-    """An aiayn LM checkpoint of the recipes' shape with ``tok``, its GPT-2 folder and its CTranslate2 model."""
-    config = ModelConfig(vocab_size=tok.vocab_size, **LM)
+LLAMA = {**LM, "n_kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm", "norm_eps": 1e-6, "position": "rope",
+         "bias": False, "tie_embeddings": False}  # the llama preset's shape
+HF_CLASSES = {"char": "GPT2LMHeadModel", "bpe": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+
+
+def _lm(tmp_path: Path, tok: Any, fields: dict[str, Any]) -> tuple[Path, Path]:
+    """An aiayn LM checkpoint with ``tok``, its transformers folder and its CTranslate2 model."""
+    config = ModelConfig(vocab_size=tok.vocab_size, **fields)
     model = _perturbed(config)
     with torch.no_grad():
-        model.embed.weight.normal_(0.0, 1.0)  # tied to the output layer: logits that tell tokens apart
+        model.embed.weight.normal_(0.0, 1.0)  # logits that tell tokens apart (the output layer, tied or not)
+        model.lm_head.proj.weight.normal_(0.0, 1.0)
     ids = torch.randint(5, tok.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
     _shape_outputs(model, *_final_states(model, lambda: model(ids)), tok)
     meta = {"task": "lm", "model": config.to_dict(), "tokenizers": {"text": "tokenizer.json"}, "block_size": 64,
@@ -230,16 +243,17 @@ def _lm(tmp_path: Path, tok: Any) -> tuple[Path, Path]:
     return ckpt, hf
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "bpe", "llama"])
 def test_ctranslate2_generates_as_aiayn_generate(kind: str, tmp_path: Path) -> None:
-    """A char and a BPE language model exported as GPT-2: transformers' logits equal aiayn's, and CTranslate2's
-    Generator continues each prompt greedily as ``aiayn generate --greedy`` does."""
+    """A char and a BPE language model of the Shakespeare recipes' shape exported as GPT-2, and a char model of the
+    llama preset's shape as LLaMA: transformers' logits equal aiayn's, and CTranslate2's Generator continues each
+    prompt greedily as ``aiayn generate --greedy`` does."""
     lines = [" ".join(pair) for pair in CORPUS["train"]]
-    tok = CharTokenizer.train(lines) if kind == "char" else BPETokenizer.train(lines, vocab_size=300)
-    ckpt, hf = _lm(tmp_path, tok)
+    tok = BPETokenizer.train(lines, vocab_size=300) if kind == "bpe" else CharTokenizer.train(lines)
+    ckpt, hf = _lm(tmp_path, tok, LLAMA if kind == "llama" else LM)
     pre = load_pretrained(ckpt, accel="none")
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(hf)).eval()
-    assert type(ref).__name__ == "GPT2LMHeadModel"
+    assert type(ref).__name__ == HF_CLASSES[kind]
     prompts = [[tok.bos_id, *tok.encode(s)[:20]] for s in SOURCES[:6]]
     with torch.no_grad():
         for p in prompts:
