@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ from aiayn.errors import AiaynError
 from aiayn.hf import peft, sentence
 from aiayn.hf.family import FAMILIES, Family, family_for_hf, register, supported_model_types
 from aiayn.hf.folder import CONFIG, read_config, read_weights, weight_files, write_folder
+from aiayn.hf.layernorm_eps import eps_rescaled
+from aiayn.hf.marian_vocab import needs_pad_last, pad_last_config, pad_last_state, pad_last_tokenizer
+from aiayn.hf.pegasus import start_as_pad
 from aiayn.hf.vocab import read_tokenizer
 from aiayn.models.build import build_model
 from aiayn.output_folder import CHECKPOINT, TRANSFORMERS, check_output_folder
@@ -289,7 +293,16 @@ def to_hf(checkpoint: str | Path, out: str | Path, say: Callable[[str], None] | 
         hf.update({k: v for k, v in ids.items() if v is not None or k == "pad_token_id"})
     state = adapted_model_state(d)[1] if meta.get("adapter") else read_state_dict(d)  # adapters folded in
     state = family.state_to_hf(state, config)
-    folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model))
+    form = None
+    if family.name == "marian" and tok is not None and needs_pad_last(tok, config.vocab_size):
+        state = eps_rescaled(pad_last_state(state, config, tok.decoder_start_id), config.norm_eps, pre_norm=False)
+        hf = pad_last_config(hf, config.vocab_size)
+        form = partial(pad_last_tokenizer, tok=tok)
+    elif family.name == "pegasus" and tok is not None:  # Pegasus starts from its pad token
+        hf = {**hf, "pad_token_id": tok.decoder_start_id}
+        form = partial(start_as_pad, tok=tok)
+    folder, wrote = write_folder(into, hf, state, tok, config.max_len, sentence.folder_files(meta, config.d_model),
+                                 tokenizer_form=form)
     if tok is not None and not wrote and say:
         say(f"{d}: a {tok.kind!r} tokenizer has no transformers form; the folder holds the model only")
     if tok is None and say:

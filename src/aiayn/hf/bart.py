@@ -26,6 +26,7 @@ from aiayn.config import ModelConfig
 from aiayn.generate.translate import DECODE_DEFAULTS
 from aiayn.hf.bert import activation_from_hf, activation_to_hf, number
 from aiayn.hf.family import Family, StateDict, StateReader, mismatches, refuse, register
+from aiayn.nn.positions import sinusoidal_table
 
 #: the translation task's decoding defaults for a converted model (aiayn's: beam 4, GNMT alpha 0.6, input + 50)
 
@@ -216,6 +217,14 @@ def bart_state_to_hf(state: StateDict, config: ModelConfig) -> StateDict:
 
 
 def marian_state_from_hf(state: StateDict, config: ModelConfig, hf: dict[str, Any]) -> StateDict:
+    table = sinusoidal_table(config.max_len, config.d_model, "halves")  # (max_len, D)
+    for key in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
+        stored = _with_prefix(state).get(key)
+        if stored is not None and (stored.shape != table.shape or not torch.allclose(stored.float(), table,
+                                                                                      atol=1e-4)):
+            refuse("marian", [f"{key}: not the sinusoidal table (a folder aiayn exported from a model trained here, "
+                              "whose tables carry its start token and norm scale): convert the aiayn checkpoint it "
+                              "was exported from instead"])
     return _state_from_hf(state, config, "marian", learned_positions=False)
 
 

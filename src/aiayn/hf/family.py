@@ -185,4 +185,4 @@ def refuse(family: str, problems: list[str]) -> None:
 
 #: the modules that register the built-in families
 BUILTIN_MODULES = ("aiayn.hf.decoders", "aiayn.hf.mixtral", "aiayn.hf.bert", "aiayn.hf.t5", "aiayn.hf.bart",
-                   "aiayn.hf.backbones")
+                   "aiayn.hf.pegasus", "aiayn.hf.backbones")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,11 @@ def read_weights(folder: str | Path) -> dict[str, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | None:
+#: a tokenizers.Tokenizer, its special tokens by role, and whether decoding cleans up spaces
+TokenizerForm = tuple[Any, dict[str, str | None], bool]
+
+
+def hf_tokenizer(tok: Tokenizer) -> TokenizerForm | None:
     """A Hugging Face ``tokenizers.Tokenizer`` equal to ``tok``, its special tokens by role, and whether decoding
     cleans up spaces; None for a tokenizer without such a form."""
     builtin = dict(zip(("pad", "bos", "eos", "unk", "mask"), SPECIAL_TOKENS))
@@ -160,9 +165,13 @@ def hf_tokenizer(tok: Tokenizer) -> tuple[Any, dict[str, str | None], bool] | No
     return None
 
 
-def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> bool:
-    """Write ``tok`` as a transformers fast tokenizer into ``folder``; False when it has no such form."""
+def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int,
+                    form: Callable[[TokenizerForm], TokenizerForm] | None = None) -> bool:
+    """Write ``tok`` as a transformers fast tokenizer into ``folder`` (its :func:`hf_tokenizer` form, changed by
+    ``form`` when given); False when it has no such form."""
     converted = hf_tokenizer(tok)
+    if converted is not None and form is not None:
+        converted = form(converted)
     if converted is None:
         return False
     hf, specials, clean_up = converted
@@ -179,7 +188,8 @@ def write_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> bool:
 
 def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: dict[str, Tensor],
                  tokenizer: Tokenizer | None = None, max_len: int = 1024,
-                 files: dict[str, str] | None = None) -> tuple[Path, bool]:
+                 files: dict[str, str] | None = None,
+                 tokenizer_form: Callable[[TokenizerForm], TokenizerForm] | None = None) -> tuple[Path, bool]:
     """Write a transformers model folder: ``config.json``, ``generation_config.json``, ``model.safetensors``, the
     tokenizer when given (and convertible), and ``aiayn-output.json`` (what aiayn wrote, with sizes and SHA-256).
 
@@ -192,6 +202,8 @@ def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: 
         max_len: the tokenizer's ``model_max_length``.
         files: more text files to write, by path relative to the folder (a sentence-transformers model's
             ``modules.json`` and ``1_Pooling/config.json``: :func:`aiayn.hf.sentence.folder_files`).
+        tokenizer_form: changes the tokenizer's transformers form before it is written (Marian's vocabulary
+            layout: :func:`aiayn.hf.marian_vocab.pad_last_tokenizer`).
 
     Returns:
         The folder, and whether the tokenizer was written.
@@ -211,7 +223,7 @@ def write_folder(out: str | Path | OutputFolder, config: dict[str, Any], state: 
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id",
                                              "decoder_start_token_id") if config.get(k) is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
-        wrote = tokenizer is not None and write_tokenizer(tmp, tokenizer, max_len)
+        wrote = tokenizer is not None and write_tokenizer(tmp, tokenizer, max_len, tokenizer_form)
         for name, text in (files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
