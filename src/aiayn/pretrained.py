@@ -190,17 +190,7 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             raise AiaynError(f"{d / 'config.json'}: model {too_big}: the file was edited or is corrupt")
         check_memory(ck, copies=2)  # the weights, mapped from the file, and the model they are copied into
         with memory_errors_said(ck.file(MODEL_FILE)):
-            model = build_model(config, init=False)
-            if meta.get("adapter"):  # LoRA adapters trained on a frozen base: loaded, then merged (base speed)
-                restore_adapters(model, meta["adapter"])
-                load_adapted(ck, meta["adapter"], model, base)
-                if merge:
-                    merge_lora(model)
-            else:
-                if base is not None:
-                    raise AiaynError(f"{d}: has no LoRA adapters (config.json has no 'adapter' entry); --adapter "
-                                     "takes the checkpoint of a run with [train] adapter = \"lora\"")
-                load_model_state(ck, model)
+            model = _built_and_loaded(ck, meta, config, base, merge)
         tokenizers: dict[str, Tokenizer] = {}
         cache: dict[str, Tokenizer] = {}
         for role, name in meta.get("tokenizers", {}).items():
@@ -217,6 +207,23 @@ def load_pretrained(directory: str | Path, device: str | torch.device = "cpu", i
             cast_for_inference(model, dtype)
     accelerate(model, "decode", accel)
     return Pretrained(model, config, Tokenizers(d, tokenizers), meta)
+
+
+def _built_and_loaded(ck: CheckpointRead, meta: dict[str, Any], config: ModelConfig, base: str | Path | None,
+                      merge: bool) -> nn.Module:
+    """The checkpoint's model with its weights: a LoRA run's adapters on their base, folded in when ``merge``."""
+    model = build_model(config, init=False)
+    if meta.get("adapter"):  # LoRA adapters trained on a frozen base: loaded, then merged (base speed)
+        restore_adapters(model, meta["adapter"])
+        load_adapted(ck, meta["adapter"], model, base)
+        if merge:
+            merge_lora(model)
+    else:
+        if base is not None:
+            raise AiaynError(f"{ck.path}: has no LoRA adapters (config.json has no 'adapter' entry); --adapter "
+                             "takes the checkpoint of a run with [train] adapter = \"lora\"")
+        load_model_state(ck, model)
+    return model
 
 
 def _adapter_checkpoint(path: str | Path) -> Path:
